@@ -1,0 +1,201 @@
+"""NVIDIA backend: NVRTC (cuda-bindings) compiles to cubin; the driver API loads and launches."""
+from __future__ import annotations
+
+import functools
+import re
+import statistics
+import threading
+
+import numpy as np
+
+from ..errors import BackendUnavailable, CompileError, DriverError
+from ._args import PackedArgs
+
+NAME = "cuda"
+BINARY_KIND = "cubin"
+PRELUDE = "prelude_cuda.hip"
+_ARCH = re.compile(r"^sm_(\d{2,3})([af]?)$")
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as e:
+        raise BackendUnavailable("the cuda backend needs cuda-bindings: pip install 'int4jit[cuda]'") from e
+    return driver
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:
+        raise BackendUnavailable("compiling for sm_* needs NVRTC: pip install 'int4jit[cuda]' "
+                                 "(cuda-bindings and nvidia-cuda-nvrtc)") from e
+    return nvrtc
+
+
+def _status_name(err) -> str:
+    return getattr(err, "name", None) or str(err)
+
+
+def check(result, call: str):
+    """Unwrap a cuda-bindings `(status, *values)` tuple; raise DriverError on failure."""
+    err, *values = result
+    if int(err) != 0:
+        raise DriverError(NAME, call, _status_name(err))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def parse_arch(arch: str) -> str:
+    """'sm_90' -> 'sm_90'; anything else is a ValueError naming what was expected."""
+    if not isinstance(arch, str) or not _ARCH.match(arch):
+        raise ValueError(f"not an NVIDIA target: {arch!r}; expected 'sm_XY' such as 'sm_80' or 'sm_90'")
+    return arch
+
+
+def kernel_traits(arch: str) -> dict:
+    """What the template needs to know about an NVIDIA target."""
+    parse_arch(arch)
+    return {"WARP": 32, "HAS_DOT2": 0}
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version() -> str:
+    major, minor = check(_nvrtc().nvrtcVersion(), "nvrtcVersion")
+    return f"nvrtc-{major}.{minor}"
+
+
+def compile_source(source: str, name: str, arch: str, options=()) -> bytes:
+    """Compile CUDA-dialect source for `arch` ('sm_90') to a cubin. Needs no GPU."""
+    nvrtc = _nvrtc()
+    parse_arch(arch)
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", *options]
+    prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = buf.rstrip(b"\0 ").decode(errors="replace")
+        if int(err) != 0:
+            raise CompileError(NAME, arch, opts, log or _status_name(err), source, name)
+        size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return bytes(cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> tuple[bool, str]:
+    """(True, '') when a CUDA device can run kernels, else (False, why)."""
+    try:
+        driver = _driver()
+        check(driver.cuInit(0), "cuInit")
+        count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+    except (BackendUnavailable, DriverError, RuntimeError, OSError) as e:
+        return False, str(e).splitlines()[0]
+    return (count > 0, "" if count > 0 else "no CUDA device")
+
+
+class Device:
+    """One CUDA device, used through its primary context (shared with torch and cupy)."""
+
+    name_prefix = NAME
+
+    def __init__(self, ordinal: int = 0):
+        self._drv = drv = _driver()
+        check(drv.cuInit(0), "cuInit")
+        self.ordinal = ordinal
+        self._dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
+        self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        self._local = threading.local()
+        self.make_current()
+        attr = drv.CUdevice_attribute
+        get = lambda a: check(drv.cuDeviceGetAttribute(a, self._dev), "cuDeviceGetAttribute")
+        major = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        minor = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        self.arch = f"sm_{major}{minor}"
+        self.sm_count = get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        self.l2_bytes = get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        self.max_threads_per_sm = get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+        self.regs_per_sm = get(attr.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)
+        self.max_grid_x = get(attr.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)
+        self.warp_size = 32
+        raw = check(drv.cuDeviceGetName(256, self._dev), "cuDeviceGetName")
+        self.name = raw.split(b"\0", 1)[0].decode()
+        self.has_dot2 = False
+
+    def __repr__(self):
+        return f"<int4jit cuda device {self.ordinal}: {self.name} ({self.arch}, {self.sm_count} SMs)>"
+
+    def make_current(self):
+        """Bind the primary context to the calling thread (once per thread)."""
+        if getattr(self._local, "bound", False):
+            return
+        check(self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        self._local.bound = True
+
+    # -- code --------------------------------------------------------------------------
+    def load(self, binary: bytes, kernel: str):
+        """Load a cubin and return (module, function). Raises DriverError if it does not load."""
+        self.make_current()
+        module = check(self._drv.cuModuleLoadData(binary), "cuModuleLoadData")
+        fn = check(self._drv.cuModuleGetFunction(module, kernel.encode()), "cuModuleGetFunction")
+        return module, fn
+
+    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0):
+        self.make_current()
+        (err,) = self._drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
+        if int(err) != 0:
+            raise DriverError(NAME, "cuLaunchKernel", _status_name(err))
+
+    # -- memory ------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> int:
+        self.make_current()
+        return int(check(self._drv.cuMemAlloc(max(1, nbytes)), "cuMemAlloc"))
+
+    def free(self, ptr: int):
+        check(self._drv.cuMemFree(ptr), "cuMemFree")
+
+    def copy_htod(self, dst: int, src: np.ndarray, stream: int = 0):
+        src = np.ascontiguousarray(src)
+        check(self._drv.cuMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream), "cuMemcpyHtoDAsync")
+
+    def copy_dtoh(self, dst: np.ndarray, src: int, stream: int = 0):
+        check(self._drv.cuMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream), "cuMemcpyDtoHAsync")
+
+    def copy_dtod(self, dst: int, src: int, nbytes: int, stream: int = 0):
+        check(self._drv.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+    # -- streams and timing ------------------------------------------------------------
+    def create_stream(self) -> int:
+        self.make_current()
+        return int(check(self._drv.cuStreamCreate(1), "cuStreamCreate"))  # non-blocking
+
+    def destroy_stream(self, stream: int):
+        check(self._drv.cuStreamDestroy(stream), "cuStreamDestroy")
+
+    def synchronize(self, stream: int = 0):
+        check(self._drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def time_ms(self, run, repeats: int, stream: int = 0) -> float:
+        """Median of `repeats` event-timed calls of run() on `stream`, in ms."""
+        drv = self._drv
+        start = check(drv.cuEventCreate(0), "cuEventCreate")
+        stop = check(drv.cuEventCreate(0), "cuEventCreate")
+        try:
+            times = []
+            for _ in range(repeats):
+                check(drv.cuEventRecord(start, stream), "cuEventRecord")
+                run()
+                check(drv.cuEventRecord(stop, stream), "cuEventRecord")
+                check(drv.cuEventSynchronize(stop), "cuEventSynchronize")
+                times.append(check(drv.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
+            return statistics.median(times)
+        finally:
+            drv.cuEventDestroy(start)
+            drv.cuEventDestroy(stop)

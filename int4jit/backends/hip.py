@@ -1,0 +1,239 @@
+"""AMD backend: hiprtc (hip-python) compiles to a code object; the HIP module API loads
+and launches. The same interface as backends/cuda.py, call for call."""
+from __future__ import annotations
+
+import functools
+import re
+import statistics
+import threading
+
+import numpy as np
+
+from ..errors import BackendUnavailable, CompileError, DriverError
+from ._args import PackedArgs
+
+NAME = "hip"
+BINARY_KIND = "hsaco"
+PRELUDE = "prelude_hip.hip"
+_ARCH = re.compile(r"^gfx([0-9]{1,2})([0-9a-f])([0-9a-f])$")
+
+# Targets with v_dot2_f32_f16 (__builtin_amdgcn_fdot2). Not gfx900/902/904/909/90c, gfx1010/1013.
+DOT2_TARGETS = frozenset({
+    "gfx906", "gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950",
+    "gfx1011", "gfx1012", "gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036",
+    "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153",
+    "gfx1200", "gfx1201",
+})
+# The oldest HIP (major, minor) whose hiprtc knows a target; older ones abort the process
+# on an unknown --offload-arch (seen with ROCm 5.2 and gfx1100), so int4jit refuses first.
+_FIRST_HIP = {"gfx940": (5, 5), "gfx941": (5, 5), "gfx942": (5, 7), "gfx950": (6, 4),
+              "gfx1100": (5, 4), "gfx1101": (5, 4), "gfx1102": (5, 4), "gfx1103": (5, 5),
+              "gfx1150": (6, 2), "gfx1151": (6, 2), "gfx1152": (6, 3), "gfx1153": (6, 4),
+              "gfx1200": (6, 3), "gfx1201": (6, 3)}
+_NEWEST_KNOWN = (6, 4)
+
+
+def _hip():
+    try:
+        from hip import hip
+    except ImportError as e:
+        raise BackendUnavailable("the hip backend needs hip-python (pip install hip-python) "
+                                 "and a ROCm runtime (ROCM_PATH)") from e
+    return hip
+
+
+def _hiprtc():
+    try:
+        from hip import hiprtc
+    except ImportError as e:
+        raise BackendUnavailable("compiling for gfx* needs hip-python's hiprtc and ROCm's libhiprtc "
+                                 "(set ROCM_PATH to the directory holding lib/libhiprtc.so)") from e
+    return hiprtc
+
+
+def _status_name(err) -> str:
+    return getattr(err, "name", None) or str(err)
+
+
+def check(result, call: str):
+    """Unwrap a hip-python `(status, *values)` tuple; raise DriverError on failure."""
+    if not isinstance(result, tuple):
+        result = (result,)
+    err, *values = result
+    if int(err) != 0:
+        raise DriverError(NAME, call, _status_name(err))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def parse_arch(arch: str) -> str:
+    """'gfx90a:sramecc+:xnack-' (a gcnArchName) -> 'gfx90a'."""
+    base = arch.split(":", 1)[0].strip().lower() if isinstance(arch, str) else arch
+    if not isinstance(base, str) or not _ARCH.match(base):
+        raise ValueError(f"not an AMD target: {arch!r}; expected a gcnArchName such as 'gfx90a' "
+                         f"or 'gfx1100' (features like ':xnack-' are dropped)")
+    return base
+
+
+def wave_size(arch: str) -> int:
+    """64 on GCN/CDNA (gfx9xx and older), 32 on RDNA (gfx10xx and newer)."""
+    return 64 if int(_ARCH.match(parse_arch(arch)).group(1)) < 10 else 32
+
+
+def kernel_traits(arch: str) -> dict:
+    arch = parse_arch(arch)
+    return {"WARP": wave_size(arch), "HAS_DOT2": int(arch in DOT2_TARGETS)}
+
+
+@functools.lru_cache(maxsize=None)
+def hip_version() -> tuple[int, int, int]:
+    v = check(_hip().hipRuntimeGetVersion(), "hipRuntimeGetVersion")
+    return v // 10_000_000, (v // 100_000) % 100, v % 100_000
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version() -> str:
+    major, minor, patch = hip_version()
+    return f"hiprtc-{major}.{minor}.{patch}"
+
+
+def check_target_known(arch: str):
+    """Refuse a target this hiprtc is too old for, before it can abort the process."""
+    need = _FIRST_HIP.get(arch)
+    have = hip_version()[:2]
+    if need is None and arch not in DOT2_TARGETS and not arch.startswith(("gfx9", "gfx10")):
+        need = _NEWEST_KNOWN
+    if need is not None and have < need:
+        raise CompileError(NAME, arch, [], f"hiprtc {compiler_version()} predates {arch} "
+                           f"(first supported in HIP {need[0]}.{need[1]}); install a newer ROCm",
+                           "", "<target check>")
+
+
+def compile_source(source: str, name: str, arch: str, options=()) -> bytes:
+    """Compile HIP source for `arch` ('gfx90a') to a code object. Needs no GPU."""
+    hiprtc = _hiprtc()
+    arch = parse_arch(arch)
+    check_target_known(arch)
+    opts = [f"--offload-arch={arch}", "-std=c++17", *options]
+    prog = check(hiprtc.hiprtcCreateProgram(source.encode(), name.encode(), 0, [], []), "hiprtcCreateProgram")
+    try:
+        (err,) = hiprtc.hiprtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        size = check(hiprtc.hiprtcGetProgramLogSize(prog), "hiprtcGetProgramLogSize")
+        buf = bytearray(size)
+        if size:
+            check(hiprtc.hiprtcGetProgramLog(prog, buf), "hiprtcGetProgramLog")
+        log = bytes(buf).rstrip(b"\0 ").decode(errors="replace")
+        if int(err) != 0:
+            raise CompileError(NAME, arch, opts, log or _status_name(err), source, name)
+        size = check(hiprtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
+        code = bytearray(size)
+        check(hiprtc.hiprtcGetCode(prog, code), "hiprtcGetCode")
+        return bytes(code)
+    finally:
+        hiprtc.hiprtcDestroyProgram(prog.createRef())
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> tuple[bool, str]:
+    """(True, '') when a HIP device can run kernels, else (False, why)."""
+    try:
+        count = check(_hip().hipGetDeviceCount(), "hipGetDeviceCount")
+    except (BackendUnavailable, DriverError, RuntimeError, OSError) as e:
+        return False, str(e).splitlines()[0]
+    return (count > 0, "" if count > 0 else "no HIP device")
+
+
+class Device:
+    """One HIP device. Launch path written symmetric with backends/cuda.py; not run in CI."""
+
+    def __init__(self, ordinal: int = 0):
+        self._hip = hip = _hip()
+        self.ordinal = ordinal
+        self._local = threading.local()
+        self.make_current()
+        props = hip.hipDeviceProp_t()
+        check(hip.hipGetDeviceProperties(props, ordinal), "hipGetDeviceProperties")
+        gcn = props.gcnArchName
+        self.full_arch = gcn.decode() if isinstance(gcn, bytes) else str(gcn)
+        self.arch = parse_arch(self.full_arch)
+        self.sm_count = props.multiProcessorCount
+        self.l2_bytes = props.l2CacheSize
+        self.max_threads_per_sm = props.maxThreadsPerMultiProcessor
+        self.regs_per_sm = props.regsPerMultiprocessor
+        self.max_grid_x = props.maxGridSize[0]
+        self.warp_size = props.warpSize
+        name = props.name
+        self.name = name.decode() if isinstance(name, bytes) else str(name)
+        self.has_dot2 = self.arch in DOT2_TARGETS
+
+    def __repr__(self):
+        return f"<int4jit hip device {self.ordinal}: {self.name} ({self.full_arch}, {self.sm_count} CUs)>"
+
+    def make_current(self):
+        if getattr(self._local, "bound", False):
+            return
+        check(self._hip.hipSetDevice(self.ordinal), "hipSetDevice")
+        self._local.bound = True
+
+    # -- code --------------------------------------------------------------------------
+    def load(self, binary: bytes, kernel: str):
+        self.make_current()
+        module = check(self._hip.hipModuleLoadData(binary), "hipModuleLoadData")
+        fn = check(self._hip.hipModuleGetFunction(module, kernel.encode()), "hipModuleGetFunction")
+        return module, fn
+
+    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0):
+        self.make_current()
+        # HIP takes arguments as one packed buffer through `extra`.
+        result = self._hip.hipModuleLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream or None,
+                                                 None, args.extra_address)
+        err = result[0] if isinstance(result, tuple) else result
+        if int(err) != 0:
+            raise DriverError(NAME, "hipModuleLaunchKernel", _status_name(err))
+
+    # -- memory ------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> int:
+        self.make_current()
+        return int(check(self._hip.hipMalloc(max(1, nbytes)), "hipMalloc"))
+
+    def free(self, ptr: int):
+        check(self._hip.hipFree(ptr), "hipFree")
+
+    def copy_htod(self, dst: int, src: np.ndarray, stream: int = 0):
+        src = np.ascontiguousarray(src)
+        check(self._hip.hipMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream or None), "hipMemcpyHtoDAsync")
+
+    def copy_dtoh(self, dst: np.ndarray, src: int, stream: int = 0):
+        check(self._hip.hipMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream or None), "hipMemcpyDtoHAsync")
+
+    def copy_dtod(self, dst: int, src: int, nbytes: int, stream: int = 0):
+        check(self._hip.hipMemcpyDtoDAsync(dst, src, nbytes, stream or None), "hipMemcpyDtoDAsync")
+
+    # -- streams and timing ------------------------------------------------------------
+    def create_stream(self) -> int:
+        self.make_current()
+        return int(check(self._hip.hipStreamCreateWithFlags(1), "hipStreamCreateWithFlags"))  # non-blocking
+
+    def destroy_stream(self, stream: int):
+        check(self._hip.hipStreamDestroy(stream), "hipStreamDestroy")
+
+    def synchronize(self, stream: int = 0):
+        check(self._hip.hipStreamSynchronize(stream or None), "hipStreamSynchronize")
+
+    def time_ms(self, run, repeats: int, stream: int = 0) -> float:
+        hip = self._hip
+        start = check(hip.hipEventCreate(), "hipEventCreate")
+        stop = check(hip.hipEventCreate(), "hipEventCreate")
+        try:
+            times = []
+            for _ in range(repeats):
+                check(hip.hipEventRecord(start, stream or None), "hipEventRecord")
+                run()
+                check(hip.hipEventRecord(stop, stream or None), "hipEventRecord")
+                check(hip.hipEventSynchronize(stop), "hipEventSynchronize")
+                times.append(check(hip.hipEventElapsedTime(start, stop), "hipEventElapsedTime"))
+            return statistics.median(times)
+        finally:
+            hip.hipEventDestroy(start)
+            hip.hipEventDestroy(stop)

@@ -1,0 +1,58 @@
+// NVIDIA prelude (NVRTC): half2 values travel as 32-bit words; math is inline PTX
+// so the kernel needs no CUDA headers.
+#define I4_WARP 32
+#define I4_RESTRICT __restrict__
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+struct __align__(16) u32x4 { u32 x, y, z, w; };
+struct __align__(8) u32x2 { u32 x, y; };
+
+// Weights are read once: stream them past L1.
+__device__ __forceinline__ u32x4 load_stream16(const void* p) {
+    u32x4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32x2 load_stream8(const void* p) {
+    u32x2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+// Activations, scales and zeros are shared by many rows: keep them cached.
+__device__ __forceinline__ u32x4 load_cached16(const void* p) {
+    u32x4 v;
+    asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u16 load_cached_u16(const u16* p) { return __ldg(p); }
+__device__ __forceinline__ u8 load_cached_u8(const u8* p) { return __ldg(p); }
+
+__device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
+    u32 d; asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+}
+__device__ __forceinline__ float h_to_f(u16 h) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ u16 f_to_h(float f) {
+    u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float warp_xor(float v, int mask) {
+    return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+
+// Dot product of 16-element pieces: products are summed in half2 (exact integer
+// weights times fp16 x, at most 8 terms per lane) and widened to fp32 once.
+typedef u32 dot_acc_t;
+__device__ __forceinline__ dot_acc_t dot_zero() { return 0u; }
+__device__ __forceinline__ dot_acc_t dot2(dot_acc_t acc, u32 w, u32 x) { return h2_fma(w, x, acc); }
+__device__ __forceinline__ float dot_finish(dot_acc_t acc) {
+    return h_to_f((u16)(acc & 0xffffu)) + h_to_f((u16)(acc >> 16));
+}
