@@ -182,6 +182,29 @@ class Device:
     def synchronize(self, stream: int = 0):
         check(self._drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
+    def is_capturing(self, stream: int) -> bool:
+        status = check(self._drv.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+        return int(status) != 0
+
+    def capture_graph(self, run, stream: int):
+        """Record the launches run() makes on `stream` (not the default stream) into an
+        executable graph; returns (graph, exec)."""
+        drv = self._drv
+        check(drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture")
+        try:
+            run()
+        finally:
+            graph = check(drv.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        return graph, check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+
+    def replay(self, graph, stream: int):
+        check(self._drv.cuGraphLaunch(graph[1], stream), "cuGraphLaunch")
+
+    def destroy_graph(self, graph):
+        drv = self._drv
+        drv.cuGraphExecDestroy(graph[1])
+        drv.cuGraphDestroy(graph[0])
+
     def time_ms(self, run, repeats: int, stream: int = 0) -> float:
         """Median of `repeats` event-timed calls of run() on `stream`, in ms."""
         drv = self._drv

@@ -221,6 +221,29 @@ class Device:
     def synchronize(self, stream: int = 0):
         check(self._hip.hipStreamSynchronize(stream or None), "hipStreamSynchronize")
 
+    def is_capturing(self, stream: int) -> bool:
+        status = check(self._hip.hipStreamIsCapturing(stream or None), "hipStreamIsCapturing")
+        return int(status) != 0
+
+    def capture_graph(self, run, stream: int):
+        """Record the launches run() makes on `stream` (not the default stream) into an
+        executable graph; returns (graph, exec)."""
+        hip = self._hip
+        check(hip.hipStreamBeginCapture(stream or None, hip.hipStreamCaptureMode.hipStreamCaptureModeRelaxed), "hipStreamBeginCapture")
+        try:
+            run()
+        finally:
+            graph = check(hip.hipStreamEndCapture(stream or None), "hipStreamEndCapture")
+        return graph, check(hip.hipGraphInstantiate(graph, None, None, 0), "hipGraphInstantiate")
+
+    def replay(self, graph, stream: int):
+        check(self._hip.hipGraphLaunch(graph[1], stream or None), "hipGraphLaunch")
+
+    def destroy_graph(self, graph):
+        hip = self._hip
+        hip.hipGraphExecDestroy(graph[1])
+        hip.hipGraphDestroy(graph[0])
+
     def time_ms(self, run, repeats: int, stream: int = 0) -> float:
         hip = self._hip
         start = check(hip.hipEventCreate(), "hipEventCreate")

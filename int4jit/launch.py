@@ -1,0 +1,56 @@
+"""Loaded kernels: a compiled code object bound to a device, ready to launch."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from . import compiler
+from .backends._args import PackedArgs
+from .errors import DriverError
+from .shapes import GemvShape, LaunchConfig
+from .trace import trace
+
+
+@dataclass
+class Kernel:
+    """One specialised GEMV kernel loaded on one device."""
+    device: object
+    shape: GemvShape
+    config: LaunchConfig
+    module: object
+    function: object
+    grid: int
+    block: int
+
+    def __call__(self, x_ptr: int, w_ptr: int, s_ptr: int, z_ptr: int, y_ptr: int, stream: int = 0):
+        self.device.launch(self.function, self.grid, self.block,
+                           PackedArgs((x_ptr, w_ptr, s_ptr, z_ptr, y_ptr)), stream)
+
+
+_loaded: dict[tuple, Kernel] = {}
+_lock = threading.Lock()
+
+
+def load_kernel(device, shape: GemvShape, cfg: LaunchConfig) -> Kernel:
+    """Compile (or fetch from cache) and load the kernel; a cached code object that the
+    driver rejects is deleted and rebuilt once."""
+    key = (id(device), shape, cfg)
+    k = _loaded.get(key)
+    if k is not None:
+        return k
+    compiled = compiler.compile_gemv(shape, cfg, device.arch)
+    try:
+        module, fn = device.load(compiled.binary, compiled.kernel)
+    except DriverError as e:
+        trace("cached code object %s failed to load (%s); rebuilding", compiled.key[:12], e.status)
+        compiler.forget(compiled)
+        compiled = compiler.compile_gemv(shape, cfg, device.arch)
+        module, fn = device.load(compiled.binary, compiled.kernel)
+    geo = compiled.geometry
+    if geo.grid > device.max_grid_x:
+        raise ValueError(f"N={shape.N} needs {geo.grid} blocks with config {cfg}, more than this "
+                         f"device's grid limit {device.max_grid_x}; pick a larger TN or BS")
+    k = Kernel(device, shape, cfg, module, fn, geo.grid, geo.block)
+    with _lock:
+        _loaded[key] = k
+    return k

@@ -1,0 +1,94 @@
+"""Check gemv's arguments and infer the problem, before anything is compiled or launched."""
+from __future__ import annotations
+
+from .arrays import ArrayInfo, describe
+from .shapes import SUPPORTED_GROUPS, GemvShape
+
+ALIGN = 16  # bytes: x and w are read with 16-byte loads
+
+
+def _fail(exc, name, expected, got):
+    raise exc(f"{name} must be {expected}; got {got}")
+
+
+def _dtype(info: ArrayInfo, expected: str, shape_text: str):
+    if info.dtype != expected:
+        _fail(TypeError, info.name, f"{expected} {shape_text}", f"{info.dtype} {info.shape}")
+
+
+def _contiguous(info: ArrayInfo):
+    if not info.contiguous:
+        _fail(ValueError, info.name, "C-contiguous", f"a strided view of shape {info.shape}")
+
+
+def _aligned(info: ArrayInfo):
+    if info.on_device and info.ptr % ALIGN:
+        _fail(ValueError, info.name, f"{ALIGN}-byte aligned on the device",
+              f"address 0x{info.ptr:x} (a view at an odd offset?)")
+
+
+def validate(x, w, scales, zeros, out):
+    """-> (GemvShape, [x, w, scales, zeros|None, out|None] as ArrayInfo, output shape)."""
+    xi, wi, si = describe("x", x), describe("w", w), describe("scales", scales)
+    zi = None if zeros is None else describe("zeros", zeros)
+    oi = None if out is None else describe("out", out)
+
+    if len(xi.shape) == 2 and xi.shape[0] != 1:
+        _fail(ValueError, "x", "[K] or [1, K] (int4jit computes M=1 GEMV)",
+              f"shape {xi.shape}, i.e. M={xi.shape[0]}")
+    if len(xi.shape) not in (1, 2):
+        _fail(ValueError, "x", "1-D [K] or 2-D [1, K]", f"{len(xi.shape)}-D shape {xi.shape}")
+    _dtype(xi, "float16", "[K] or [1, K]")
+    K = xi.shape[-1]
+    if K == 0:
+        _fail(ValueError, "x", "non-empty (K >= 16)", f"shape {xi.shape}")
+    if K % 2:
+        _fail(ValueError, "x", "of even length K (two int4 values per byte)", f"K={K}")
+
+    if len(wi.shape) != 2:
+        _fail(ValueError, "w", f"2-D uint8 [N, K/2] = [N, {K // 2}]", f"shape {wi.shape}")
+    _dtype(wi, "uint8", f"[N, {K // 2}]")
+    N = wi.shape[0]
+    if wi.shape[1] != K // 2 or N == 0:
+        _fail(ValueError, "w", f"uint8 [N, K/2] = [N>0, {K // 2}] for K={K} (from x)", f"shape {wi.shape}")
+
+    if len(si.shape) != 2 or si.shape[0] != N or si.shape[1] == 0:
+        _fail(ValueError, "scales", f"float16 [N, K/g] = [{N}, K/g]", f"shape {si.shape}")
+    ngroups = si.shape[1]
+    group = K // ngroups
+    if K % ngroups or group not in SUPPORTED_GROUPS:
+        expected = ", ".join(f"({N}, {K // g})" for g in SUPPORTED_GROUPS if K % g == 0) or "none: K has no supported group"
+        _fail(ValueError, "scales", f"of shape [N, K/g] with g in {SUPPORTED_GROUPS} for K={K}, "
+              f"i.e. one of {expected}", f"shape {si.shape} (g = {K}/{ngroups})")
+    _dtype(si, "float16", f"of shape ({N}, {ngroups}) for K={K}, group={group}")
+
+    if zi is not None:
+        _dtype(zi, "uint8", f"of shape ({N}, {ngroups}) for K={K}, group={group}")
+        if zi.shape != si.shape:
+            _fail(ValueError, "zeros", f"uint8 of the shape of scales ({N}, {ngroups})", f"shape {zi.shape}")
+
+    out_shape = (N,) if len(xi.shape) == 1 else (1, N)
+    if oi is not None:
+        _dtype(oi, "float16", f"of shape {out_shape}")
+        if tuple(oi.shape) != out_shape:
+            _fail(ValueError, "out", f"float16 of shape {out_shape} (x is {xi.shape})", f"shape {oi.shape}")
+
+    infos = [xi, wi, si, zi, oi]
+    present = [i for i in infos if i is not None]
+    for i in present:
+        _contiguous(i)
+    where = {i.on_device for i in present}
+    if len(where) > 1:
+        host = [i.name for i in present if not i.on_device]
+        dev = [i.name for i in present if i.on_device]
+        raise TypeError(f"{', '.join(host)} {'is' if len(host) == 1 else 'are'} host (numpy) arrays but "
+                        f"{', '.join(dev)} {'is' if len(dev) == 1 else 'are'} on the GPU: pass all "
+                        f"arguments as numpy arrays or all as device arrays on one GPU")
+    devices = {i.device for i in present if i.on_device}
+    if len(devices) > 1:
+        raise ValueError("arguments are on different GPUs: " +
+                         ", ".join(f"{i.name} on device {i.device[1]}" for i in present) +
+                         "; expected all on one device")
+    for i in present:
+        _aligned(i)
+    return GemvShape(N, K, group, zi is None), infos, out_shape

@@ -1,0 +1,134 @@
+"""gemv on a real GPU against the float64 reference, fresh random data every case."""
+import numpy as np
+import pytest
+
+import int4jit
+from int4jit.shapes import SUPPORTED_GROUPS, candidate_grid
+
+from conftest import random_problem, rel_error
+
+pytestmark = pytest.mark.gpu
+TOL = 2e-3
+torch = pytest.importorskip("torch") if False else None
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def chunked_reference(x, w, s, z, rows=2048):
+    """reference_gemv is row-wise: evaluate it in row blocks to bound host memory."""
+    parts = [int4jit.reference_gemv(x, w[i:i + rows], s[i:i + rows], None if z is None else z[i:i + rows])
+             for i in range(0, w.shape[0], rows)]
+    return np.concatenate(parts)
+
+
+def run_torch(x, w, s, z, **kw):
+    t = _torch()
+    dev = lambda a: None if a is None else t.from_numpy(np.ascontiguousarray(a)).cuda()
+    xt, wt, st, zt = dev(x), dev(w), dev(s), dev(z)
+    out = t.full((w.shape[0],), float("nan"), dtype=t.float16, device="cuda")  # poison
+    int4jit.gemv(xt, wt, st, zt, out=out, **kw)
+    t.cuda.synchronize()
+    return out.cpu().numpy()
+
+
+SWEEP = [(N, K, g, sym) for N in (1, 7, 896, 4096, 11008) for K in ("g", 896, 4096, 14336)
+         for g in SUPPORTED_GROUPS for sym in (True, False) if K == "g" or K % g == 0]
+
+
+@pytest.mark.parametrize("N,K,group,symmetric", SWEEP)
+def test_sweep_against_reference(N, K, group, symmetric, monkeypatch):
+    monkeypatch.setenv("INT4JIT_TUNE", "0")  # heuristic pick: the sweep is about correctness
+    K = group if K == "g" else K
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, N, K, group, symmetric)
+    y = run_torch(x, w, s, z)
+    assert rel_error(y, chunked_reference(x, w, s, z)) <= TOL
+
+
+@pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
+@pytest.mark.parametrize("N,K,group", [(4096, 4096, 128), (1000, 2064, 16)])
+def test_every_grid_point(cfg, N, K, group):
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, N, K, group, symmetric=False)
+    y = run_torch(x, w, s, z, config=(cfg.BS, cfg.TN))
+    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
+
+
+def test_numpy_in_numpy_out():
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 896, 4864, 32, False)
+    y = int4jit.gemv(x, w, s, z)
+    assert isinstance(y, np.ndarray) and y.dtype == np.float16 and y.shape == (896,)
+    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
+    y2 = int4jit.gemv(x.reshape(1, -1), w, s, None)
+    assert y2.shape == (1, 896)
+    assert rel_error(y2, int4jit.reference_gemv(x.reshape(1, -1), w, s, None)) <= TOL
+
+
+def test_numpy_out_argument():
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 300, 512, 64, True)
+    out = np.full(300, np.nan, dtype=np.float16)
+    r = int4jit.gemv(x, w, s, z, out=out)
+    assert r is out
+    assert rel_error(out, int4jit.reference_gemv(x, w, s, z)) <= TOL
+
+
+def test_torch_returns_torch_on_current_stream():
+    t = _torch()
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 2048, 2048, 128, False)
+    args = [t.from_numpy(a).cuda() for a in (x, w, s, z)]
+    side = t.cuda.Stream()
+    with t.cuda.stream(side):
+        y = int4jit.gemv(*args)
+    side.synchronize()
+    assert isinstance(y, t.Tensor) and y.dtype == t.float16 and y.is_cuda and tuple(y.shape) == (2048,)
+    assert rel_error(y.cpu().numpy(), int4jit.reference_gemv(x, w, s, z)) <= TOL
+
+
+def test_explicit_non_default_stream():
+    t = _torch()
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 4096, 4096, 64, True)
+    args = [t.from_numpy(a).cuda() for a in (x, w, s)]
+    out = t.full((4096,), float("nan"), dtype=t.float16, device="cuda")
+    stream = t.cuda.Stream()
+    t.cuda.synchronize()
+    int4jit.gemv(*args, None, out=out, stream=stream)
+    stream.synchronize()
+    assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x, w, s, None)) <= TOL
+    out.fill_(float("nan"))
+    t.cuda.synchronize()
+    int4jit.gemv(*args, None, out=out, stream=stream.cuda_stream)  # raw handle
+    stream.synchronize()
+    assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x, w, s, None)) <= TOL
+
+
+def test_cupy_inputs():
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 1152, 896, 32, False)
+    y = int4jit.gemv(*(cp.asarray(a) for a in (x, w, s, z)))
+    assert isinstance(y, cp.ndarray) and y.dtype == np.float16
+    assert rel_error(cp.asnumpy(y), int4jit.reference_gemv(x, w, s, z)) <= TOL
+
+
+def test_quantized_real_weights_match_fp_product():
+    """End to end: quantize float weights, run, compare with the float64 reference."""
+    rng = np.random.default_rng()
+    W = rng.standard_normal((4096, 4096)).astype(np.float32) * 0.02
+    w, s, z = int4jit.quantize(W, 128)
+    x = rng.standard_normal(4096).astype(np.float16)
+    y = run_torch(x, w, s, z)
+    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
+
+
+def test_mismatched_device_mix_rejected_before_launch():
+    t = _torch()
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 64, 256, 32, False)
+    with pytest.raises(TypeError, match="host"):
+        int4jit.gemv(t.from_numpy(x).cuda(), w, s, z)
