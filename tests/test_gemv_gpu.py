@@ -9,7 +9,6 @@ from conftest import random_problem, rel_error
 
 pytestmark = pytest.mark.gpu
 TOL = 2e-3
-torch = pytest.importorskip("torch") if False else None
 
 
 def _torch():
