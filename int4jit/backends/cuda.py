@@ -104,8 +104,6 @@ def available() -> tuple[bool, str]:
 class Device:
     """One CUDA device, used through its primary context (shared with torch and cupy)."""
 
-    name_prefix = NAME
-
     def __init__(self, ordinal: int = 0):
         self._drv = drv = _driver()
         check(drv.cuInit(0), "cuInit")

@@ -1,0 +1,74 @@
+"""hiprtc compiles for real gfx targets (Debian's ROCm 5.2 on CPU machines), arch parsing."""
+import pytest
+
+from int4jit import compiler
+from int4jit.backends import hip
+from int4jit.errors import CompileError
+from int4jit.shapes import GemvShape, LaunchConfig
+
+from conftest import require_compiler
+
+ELF = b"\x7fELF"
+
+
+@pytest.fixture
+def hiprtc():
+    require_compiler("hip")
+    compiler._memo.clear()
+
+
+@pytest.mark.parametrize("arch,dot2", [("gfx90a", True), ("gfx1030", True), ("gfx900", False), ("gfx908", True)])
+@pytest.mark.parametrize("shape,cfg", [
+    (GemvShape(4096, 4096, 128, False), LaunchConfig(256, 4)),
+    (GemvShape(7, 48, 16, True), LaunchConfig(32, 16)),
+    (GemvShape(896, 896, 64, False), LaunchConfig(512, 2)),
+])
+def test_compiles_code_object(hiprtc, arch, dot2, shape, cfg):
+    assert hip.kernel_traits(arch)["HAS_DOT2"] == int(dot2)
+    _, src = compiler.render_gemv_source(shape, cfg, arch)
+    assert f"#define I4_HAS_DOT2 {int(dot2)}" in src
+    ck = compiler.compile_gemv(shape, cfg, arch)
+    assert ck.binary[:4] == ELF and ck.kernel.encode() in ck.binary
+    assert f"amdgcn-amd-amdhsa--{arch}".encode() in ck.binary or arch.encode() in ck.binary
+
+
+def test_dot2_path_does_not_compile_where_the_target_lacks_it(hiprtc):
+    """The table must be right: forcing fdot2 onto gfx900 is a compile error."""
+    src = ('extern "C" __global__ void k(float* o, const _Float16* a) {\n'
+           '  typedef _Float16 h2 __attribute__((ext_vector_type(2)));\n'
+           '  h2 v = {a[0], a[1]};\n  o[0] = __builtin_amdgcn_fdot2(v, v, 0.f, false);\n}\n')
+    assert hip.compile_source(src, "dot2.hip", "gfx90a")[:4] == ELF
+    with pytest.raises(CompileError) as info:
+        hip.compile_source(src, "dot2.hip", "gfx900")
+    assert "dot" in info.value.log and info.value.arch == "gfx900"
+
+
+def test_compile_error_carries_log(hiprtc):
+    with pytest.raises(CompileError) as info:
+        hip.compile_source('extern "C" __global__ void k() {\n  undefined_thing();\n}\n', "bad.hip", "gfx90a")
+    assert "undefined_thing" in info.value.log and "gfx90a" in str(info.value)
+    assert ">    2 |   undefined_thing();" in str(info.value)
+
+
+def test_target_newer_than_the_compiler_is_refused_not_crashed(hiprtc, monkeypatch):
+    monkeypatch.setattr(hip, "hip_version", lambda: (5, 2, 21153))
+    with pytest.raises(CompileError, match="predates gfx1151"):
+        hip.compile_source("", "x.hip", "gfx1151")
+
+
+@pytest.mark.parametrize("raw,arch", [("gfx90a:sramecc+:xnack-", "gfx90a"), ("gfx1151", "gfx1151"),
+                                      ("gfx942:sramecc+:xnack-", "gfx942"), ("GFX1030", "gfx1030")])
+def test_arch_parsing(raw, arch):
+    assert hip.parse_arch(raw) == arch
+
+
+@pytest.mark.parametrize("bad", ["sm_90", "gfx", "gfx90az", "", "amdgcn", None])
+def test_bad_arch(bad):
+    with pytest.raises(ValueError, match="gcnArchName"):
+        hip.parse_arch(bad)
+
+
+@pytest.mark.parametrize("arch,wave", [("gfx900", 64), ("gfx90a", 64), ("gfx942", 64), ("gfx1030", 32),
+                                       ("gfx1100", 32), ("gfx1201", 32)])
+def test_wave_size(arch, wave):
+    assert hip.wave_size(arch) == wave
