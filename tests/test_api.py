@@ -1,0 +1,103 @@
+"""Every bad input raises ValueError/TypeError naming the argument, before anything is
+compiled or launched (the backend and compiler are booby-trapped to prove it)."""
+import numpy as np
+import pytest
+
+import int4jit
+from int4jit import api, backends, compiler
+
+from conftest import random_problem
+
+
+@pytest.fixture(autouse=True)
+def no_gpu_no_compile(monkeypatch):
+    def trap(*a, **k):
+        raise AssertionError("validation let a bad call through to the backend/compiler")
+    monkeypatch.setattr(backends, "device", trap)
+    monkeypatch.setattr(api.backends, "device", trap)
+    monkeypatch.setattr(compiler, "compile_gemv", trap)
+
+
+def good(N=64, K=256, group=32, symmetric=False):
+    return list(random_problem(np.random.default_rng(), N, K, group, symmetric))
+
+
+class FakeDevice:
+    """A device array as seen through __cuda_array_interface__."""
+
+    def __init__(self, shape, typestr, ptr=0x10000, strides=None, device_id=0):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False),
+                                         "strides": strides, "version": 3}
+        self.device = type("D", (), {"id": device_id})()
+
+
+CASES = {
+    "x float32": (lambda a: [a[0].astype(np.float32)] + a[1:], TypeError, r"x must be float16"),
+    "x M=2": (lambda a: [np.stack([a[0], a[0]])] + a[1:], ValueError, r"x must be .*M=1.*M=2"),
+    "x 3-D": (lambda a: [a[0].reshape(1, 1, -1)] + a[1:], ValueError, r"x must be 1-D"),
+    "x empty": (lambda a: [a[0][:0]] + a[1:], ValueError, r"x must be non-empty"),
+    "x odd K": (lambda a: [a[0][:-1]] + a[1:], ValueError, r"x must be of even length"),
+    "x strided": (lambda a: [np.repeat(a[0], 2)[::2]] + a[1:], ValueError, r"x must be C-contiguous"),
+    "w int8": (lambda a: [a[0], a[1].view(np.int8)] + a[2:], TypeError, r"w must be uint8"),
+    "w 1-D": (lambda a: [a[0], a[1].reshape(-1)] + a[2:], ValueError, r"w must be 2-D"),
+    "w K mismatch": (lambda a: [a[0], a[1][:, :-1].copy()] + a[2:], ValueError, r"w must be uint8 \[N, K/2\] = \[N>0, 128\]"),
+    "w N=0": (lambda a: [a[0], a[1][:0]] + a[2:], ValueError, r"w must be"),
+    "w transposed": (lambda a: [a[0], np.ascontiguousarray(a[1].T).T] + a[2:], ValueError, r"w must be C-contiguous"),
+    "scales float32": (lambda a: a[:2] + [a[2].astype(np.float32), a[3]], TypeError,
+                       r"scales must be float16 of shape \(64, 8\) for K=256, group=32; got float32 \(64, 8\)"),
+    "scales N mismatch": (lambda a: a[:2] + [a[2][:-1], a[3]], ValueError, r"scales must be float16 \[N, K/g\] = \[64"),
+    "group 48": (lambda a: a[:2] + [np.ones((64, 5), np.float16), None], ValueError,
+                 r"scales must be of shape \[N, K/g\] with g in"),
+    "group 512": (lambda a: [np.ones(512, np.float16), np.zeros((64, 256), np.uint8), np.ones((64, 1), np.float16), None],
+                  ValueError, r"g = 512/1"),
+    "group 8": (lambda a: a[:2] + [np.ones((64, 32), np.float16), None], ValueError, r"g = 256/32"),
+    "zeros shape": (lambda a: a[:3] + [a[3][:, :-1].copy()], ValueError, r"zeros must be uint8 of the shape of scales"),
+    "zeros float": (lambda a: a[:3] + [a[3].astype(np.float16)], TypeError, r"zeros must be uint8"),
+    "list input": (lambda a: [a[0].tolist()] + a[1:], TypeError, r"x must be a numpy array or a device array"),
+    "host/device mix": (lambda a: [FakeDevice((256,), "<f2")] + a[1:], TypeError,
+                        r"w, scales, zeros are host \(numpy\) arrays but x is on the GPU"),
+    "two devices": (lambda a: [FakeDevice((256,), "<f2"), FakeDevice((64, 128), "|u1", device_id=1),
+                               FakeDevice((64, 8), "<f2"), None], ValueError, r"different GPUs"),
+    "misaligned": (lambda a: [FakeDevice((256,), "<f2", ptr=0x10002), FakeDevice((64, 128), "|u1"),
+                              FakeDevice((64, 8), "<f2"), None], ValueError, r"x must be 16-byte aligned"),
+    "device strided": (lambda a: [FakeDevice((256,), "<f2", strides=(4,)), FakeDevice((64, 128), "|u1"),
+                                  FakeDevice((64, 8), "<f2"), None], ValueError, r"x must be C-contiguous"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_input(case):
+    mutate, exc, pattern = CASES[case]
+    args = mutate(good())
+    with pytest.raises(exc, match=pattern):
+        int4jit.gemv(*args)
+
+
+@pytest.mark.parametrize("out,pattern,exc", [
+    (np.zeros(64, np.float32), r"out must be float16", TypeError),
+    (np.zeros(63, np.float16), r"out must be float16 of shape \(64,\)", ValueError),
+    (np.zeros((1, 64), np.float16), r"out must be float16 of shape \(64,\)", ValueError),
+    (np.zeros(128, np.float16)[::2], r"out must be C-contiguous", ValueError),
+])
+def test_bad_out(out, pattern, exc):
+    with pytest.raises(exc, match=pattern):
+        int4jit.gemv(*good(), out=out)
+
+
+@pytest.mark.parametrize("config", [(100, 4), (256, 3), "256,4", (256,), None.__class__])
+def test_bad_config(config):
+    with pytest.raises(ValueError, match="config|launch config"):
+        int4jit.gemv(*good(), config=config)
+
+
+def test_good_input_reaches_the_backend():
+    """The trap fires for a valid call: the negative cases above are not vacuous."""
+    with pytest.raises(AssertionError, match="let a bad call through"):
+        int4jit.gemv(*good())
+
+
+def test_import_does_not_import_torch():
+    import subprocess
+    import sys
+    code = "import sys, int4jit; assert 'torch' not in sys.modules and 'cupy' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
