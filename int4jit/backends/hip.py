@@ -3,13 +3,16 @@ and launches. The same interface as backends/cuda.py, call for call."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 import statistics
+import tempfile
 import threading
 
 import numpy as np
 
 from ..errors import BackendUnavailable, CompileError, DriverError
+from ..trace import trace
 from ._args import PackedArgs
 
 NAME = "hip"
@@ -33,7 +36,33 @@ _FIRST_HIP = {"gfx940": (5, 5), "gfx941": (5, 5), "gfx942": (5, 7), "gfx950": (6
 _NEWEST_KNOWN = (6, 4)
 
 
+# Debian/Ubuntu's ROCm packages (libamdhip64-5: ROCm 5.2, hiprtc inside libamdhip64.so.5)
+# have no ROCM_PATH tree; hip-python wants $ROCM_PATH/lib/libhiprtc.so and libamdhip64.so.
+_DISTRO_HIP = ("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5", "/usr/lib/aarch64-linux-gnu/libamdhip64.so.5")
+
+
+def _locate_rocm():
+    """Point hip-python at a distribution's ROCm through a folder of links, when no
+    ROCm tree is configured (ROCM_PATH/ROCM_HOME unset, no /opt/rocm)."""
+    if os.environ.get("ROCM_PATH") or os.environ.get("ROCM_HOME") or os.path.isdir("/opt/rocm/lib"):
+        return
+    lib = next((p for p in _DISTRO_HIP if os.path.exists(p)), None)
+    if lib is None:
+        return
+    root = os.path.join(tempfile.gettempdir(), f"int4jit-rocm-{os.getuid()}")
+    os.makedirs(os.path.join(root, "lib"), mode=0o700, exist_ok=True)
+    for name in ("libhiprtc.so", "libamdhip64.so"):
+        link = os.path.join(root, "lib", name)
+        if os.path.realpath(link) != os.path.realpath(lib):
+            tmp = f"{link}.{os.getpid()}"
+            os.symlink(lib, tmp)
+            os.replace(tmp, link)
+    os.environ["ROCM_PATH"] = root
+    trace("hip: no ROCm tree configured; using %s through ROCM_PATH=%s", lib, root)
+
+
 def _hip():
+    _locate_rocm()
     try:
         from hip import hip
     except ImportError as e:
@@ -43,6 +72,7 @@ def _hip():
 
 
 def _hiprtc():
+    _locate_rocm()
     try:
         from hip import hiprtc
     except ImportError as e:
@@ -88,7 +118,11 @@ def kernel_traits(arch: str) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def hip_version() -> tuple[int, int, int]:
-    v = check(_hip().hipRuntimeGetVersion(), "hipRuntimeGetVersion")
+    try:
+        v = check(_hip().hipRuntimeGetVersion(), "hipRuntimeGetVersion")
+    except RuntimeError as e:  # hip-python's loader: the ROCm library is not installed
+        raise BackendUnavailable(f"ROCm's HIP runtime is not installed ({e}); install ROCm or "
+                                 f"Debian's libamdhip64-5, or set ROCM_PATH") from None
     return v // 10_000_000, (v // 100_000) % 100, v % 100_000
 
 

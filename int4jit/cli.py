@@ -1,0 +1,270 @@
+"""The int4jit command: run a default workload, show the setup, warm and move caches."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from . import backends, cache, compiler, tuner
+from ._version import __version__
+from .errors import BackendUnavailable, Int4JitError
+from .shapes import GemvShape, LaunchConfig, candidate_grid
+
+DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
+DEFAULT_TARGETS = ["sm_90", "gfx90a", "gfx1030"]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for tok in text.replace(";", ",").split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        n, sep, k = tok.lower().partition("x")
+        if not sep or not n.isdigit() or not k.isdigit():
+            raise argparse.ArgumentTypeError(f"bad shape {tok!r}: expected NxK, e.g. 4096x4096")
+        shapes.append((int(n), int(k)))
+    return shapes
+
+
+def _shapes_from(args) -> list[tuple[int, int]]:
+    shapes = list(args.shapes or [])
+    if getattr(args, "shapes_file", None):
+        with open(args.shapes_file) as f:
+            for line in f:
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    shapes += parse_shapes(line)
+    return shapes
+
+
+def _progress(items, desc):
+    from tqdm import tqdm
+    return tqdm(items, desc=desc, unit="shape", file=sys.stderr, disable=None)  # None: off when not a TTY
+
+
+def _print_table(headers, rows):
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
+    print(line(headers))
+    print(line("-" * w for w in widths))
+    for r in rows:
+        print(line(r))
+
+
+def _random_problem(rng, shape: GemvShape):
+    w = rng.integers(0, 256, (shape.N, shape.K // 2), dtype=np.uint8)
+    s = (rng.random((shape.N, shape.K // shape.group)) * 0.02 + 1e-3).astype(np.float16)
+    z = None if shape.symmetric else rng.integers(0, 16, s.shape, dtype=np.uint8)
+    x = rng.standard_normal(shape.K).astype(np.float16)
+    return x, w, s, z
+
+
+def _rel_err(y, ref) -> float:
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+# -- int4jit (no subcommand): the default workload -------------------------------------
+def cmd_run(args) -> int:
+    from .api import gemv
+    from .reference import reference_gemv
+    shapes = _shapes_from(args) or DEFAULT_SHAPES
+    rng = np.random.default_rng()
+    if not backends.gpu_available():
+        print(f"int4jit {__version__}: no GPU here; compiling for {', '.join(args.arch or DEFAULT_TARGETS)} "
+              f"and checking the reference")
+        rows, worst = [], 0.0
+        for N, K in shapes:
+            shape = GemvShape(N, K, args.group, args.symmetric)
+            for arch in args.arch or DEFAULT_TARGETS:
+                sel = tuner.select_config(shape, arch)
+                t0 = time.perf_counter()
+                ck = compiler.compile_gemv(shape, sel.config, arch)
+                rows.append((f"{N}x{K}", arch, str(sel.config), sel.tier, f"{len(ck.binary)}",
+                             f"{1e3 * (time.perf_counter() - t0):.0f}"))
+            x, w, s, z = _random_problem(rng, GemvShape(min(N, 256), K, args.group, args.symmetric))
+            from .reference import dequantize
+            err = _rel_err(dequantize(w, s, z).astype(np.float64) @ x.astype(np.float64), reference_gemv(x, w, s, z))
+            worst = max(worst, err)
+        _print_table(["shape", "arch", "BS,TN", "tier", "bytes", "ms"], rows)
+        print(f"reference check (float64 reference vs dequantise+matmul): worst relative error {worst:.1e}")
+        return 0 if worst < 1e-6 else 1
+    dev = backends.device()
+    print(f"int4jit {__version__} on {dev.name} ({dev.arch}); group {args.group}, "
+          f"{'symmetric' if args.symmetric else 'asymmetric'}")
+    rows, ok = [], True
+    for N, K in shapes:
+        shape = GemvShape(N, K, args.group, args.symmetric)
+        t0 = time.perf_counter()
+        sel = tuner.select_config(shape, dev.arch, dev)
+        setup = time.perf_counter() - t0
+        x, w, s, z = _random_problem(rng, shape)
+        err = _rel_err(gemv(x, w, s, z, config=(sel.config.BS, sel.config.TN)), reference_gemv(x, w, s, z))
+        ok &= err <= 2e-3
+        from .launch import load_kernel
+        bufs = tuner.BenchBuffers(dev, shape)
+        stream = dev.create_stream()
+        try:
+            us = tuner.time_kernel(load_kernel(dev, shape, sel.config), bufs, stream, repeats=15)
+        finally:
+            dev.destroy_stream(stream)
+            bufs.free()
+        rows.append((f"{N}x{K}", str(sel.config), sel.tier, f"{setup:.2f}", f"{us:.2f}",
+                     f"{shape.weight_bytes / us / 1e3:.0f}", f"{err:.1e}"))
+    _print_table(["shape", "BS,TN", "tier", "select s", "us", "GB/s", "rel err"], rows)
+    return 0 if ok else 1
+
+
+# -- info --------------------------------------------------------------------------------
+def cmd_info(args) -> int:
+    print(f"int4jit {__version__}")
+    for name in backends.NAMES:
+        mod = backends.module_for(name)
+        try:
+            cv = mod.compiler_version()
+        except BackendUnavailable as e:
+            cv = f"unavailable ({str(e).splitlines()[0]})"
+        ok, why = mod.available()
+        print(f"  {name}: compiler {cv}; device {'yes' if ok else 'no (' + why + ')'}")
+        if ok:
+            dev = backends.device(backend=name)
+            print(f"    {dev.name}: arch {dev.arch}, {dev.sm_count} SMs/CUs, L2 {dev.l2_bytes >> 20} MB, "
+                  f"warp {dev.warp_size}, dot2 {'yes' if dev.has_dot2 else 'no'}")
+    root = cache.cache_dir()
+    for label, path in (("code objects", cache.code_dir()), ("tuning DB", cache.db_dir())):
+        files, size = cache.dir_size(path)
+        print(f"  {label}: {path} ({files} files, {size / 1e6:.1f} MB)")
+    print(f"  cache dir: {root}")
+    return 0
+
+
+# -- warm ----------------------------------------------------------------------------------
+def cmd_warm(args) -> int:
+    shapes = _shapes_from(args)
+    if not shapes:
+        print("int4jit warm: no shapes given (use --shapes 4096x4096,... or --shapes-file)", file=sys.stderr)
+        return 2
+    if args.compile_only:
+        archs = args.arch or DEFAULT_TARGETS
+        device = None
+    else:
+        device = backends.device()
+        archs = [device.arch]
+    rows = []
+    for N, K in _progress(shapes, "warm"):
+        shape = GemvShape(N, K, args.group, args.symmetric)
+        for arch in archs:
+            t0 = time.perf_counter()
+            sel = tuner.select_config(shape, arch, device, exhaustive=args.exhaustive or None)
+            ck = compiler.compile_gemv(shape, sel.config, arch)
+            rec = tuner.TuningDB(arch).get(shape, compiler.template_hash())
+            us = f"{rec.us:.2f}" if rec is not None and sel.tier in ("tuned", "db") else "-"
+            rows.append((f"{N}x{K}", f"g{args.group}", arch, str(sel.config), sel.tier, us,
+                         f"{time.perf_counter() - t0:.2f}", ck.key[:12]))
+    _print_table(["shape", "group", "arch", "BS,TN", "tier", "us", "s", "code object"], rows)
+    return 0
+
+
+# -- tune ----------------------------------------------------------------------------------
+def cmd_tune(args) -> int:
+    device = backends.device()
+    shape = GemvShape(args.N, args.K, args.group, args.symmetric)
+    t0 = time.perf_counter()
+    rec = tuner.autotune(shape, device, exhaustive=args.exhaustive)
+    wall = time.perf_counter() - t0
+    tuner.TuningDB(device.arch).put(shape, rec)
+    first = tuner.heuristic(shape, device.arch, device, args.exhaustive)
+    rows = []
+    for cfg in candidate_grid(args.exhaustive):
+        t = rec.candidates.get(str(cfg))
+        mark = ("winner " if cfg == rec.config else "") + ("heuristic" if cfg == first else "")
+        rows.append((str(cfg), "failed" if t is None else f"{t:.2f}",
+                     "" if t is None else f"{shape.weight_bytes / t / 1e3:.0f}", mark.strip()))
+    _print_table(["BS,TN", "us", "GB/s", ""], rows)
+    print(f"{shape.key()} on {device.name}: {rec.config} at {rec.us:.2f} us; tuned in {wall:.2f} s; stored in "
+          f"{tuner.TuningDB(device.arch).path}")
+    return 0
+
+
+# -- cache -----------------------------------------------------------------------------------
+def cmd_cache(args) -> int:
+    from . import archive
+    if args.action == "path":
+        print(cache.cache_dir())
+    elif args.action == "list":
+        for path in sorted(cache.db_dir().glob("*.json")):
+            entries = tuner.TuningDB(path.stem).entries()
+            print(f"{path.stem}: {len(entries)} tuned shapes ({path})")
+            for key, e in sorted(entries.items()):
+                print(f"  {key:28s} {e.get('BS')},{e.get('TN')}  {e.get('us', 0):.2f} us  {e.get('date', '')}")
+        files, size = cache.dir_size(cache.code_dir())
+        print(f"code objects: {files} files, {size / 1e6:.1f} MB in {cache.code_dir()}")
+    elif args.action == "clear":
+        for path in (cache.code_dir(), cache.db_dir()):
+            shutil.rmtree(path, ignore_errors=True)
+        print(f"cleared {cache.cache_dir()}")
+    elif args.action == "export":
+        n = archive.export_cache(args.file)
+        print(f"exported {n} files to {args.file}")
+    elif args.action == "import":
+        summary = archive.import_cache(args.file)
+        print(json.dumps(summary))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="int4jit", description="JIT-compiled, autotuned M=1 INT4 GEMV. "
+                                "With no command: compile, run and check a default workload.")
+    p.add_argument("--version", action="version", version=f"int4jit {__version__}")
+
+    def shape_opts(q, with_arch=True):
+        q.add_argument("--shapes", type=parse_shapes, help="NxK list, e.g. 4096x4096,28672x4096")
+        q.add_argument("--shapes-file", help="file with NxK shapes (one or more per line, # comments)")
+        q.add_argument("--group", type=int, default=128, choices=(16, 32, 64, 128, 256))
+        q.add_argument("--symmetric", action="store_true", help="no zero points (zero point 8)")
+        if with_arch:
+            q.add_argument("--arch", action="append", help="target for compile-only work (repeatable), "
+                           "e.g. sm_90, gfx90a, gfx1151")
+
+    shape_opts(p)
+    p.set_defaults(func=cmd_run)
+    sub = p.add_subparsers(dest="command")
+    sub.add_parser("info", help="backend, device, compilers, cache").set_defaults(func=cmd_info)
+    w = sub.add_parser("warm", help="tune (or compile only) a list of shapes into the caches")
+    shape_opts(w)
+    w.add_argument("--exhaustive", action="store_true", help="search the 20-point grid")
+    w.add_argument("--compile-only", action="store_true", help="no GPU: compile what tiers 1-3 or the heuristic pick")
+    w.set_defaults(func=cmd_warm)
+    t = sub.add_parser("tune", help="tune one shape and print every candidate")
+    t.add_argument("N", type=int)
+    t.add_argument("K", type=int)
+    t.add_argument("--group", type=int, default=128, choices=(16, 32, 64, 128, 256))
+    t.add_argument("--symmetric", action="store_true")
+    t.add_argument("--exhaustive", action="store_true")
+    t.set_defaults(func=cmd_tune)
+    c = sub.add_parser("cache", help="path | list | clear | export FILE | import FILE")
+    c.add_argument("action", choices=("path", "list", "clear", "export", "import"))
+    c.add_argument("file", nargs="?")
+    c.set_defaults(func=cmd_cache)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "action", None) in ("export", "import") and not args.file:
+        parser.error(f"cache {args.action} needs a FILE")
+    try:
+        return args.func(args)
+    except (ValueError, TypeError) as e:
+        print(f"int4jit: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install what the tests need and run them: the README's test command, and what CI runs.
+# Debian's libamdhip64-5 (ROCm 5.2) provides hiprtc for the gfx compile tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! [ -e /usr/lib/x86_64-linux-gnu/libamdhip64.so.5 ] && command -v apt-get >/dev/null; then
+    SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libamdhip64-5 >/dev/null
+fi
+python3 -m pip install -q -e '.[test]'
+exec python3 -m pytest -q -ra "$@"
