@@ -17,7 +17,8 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def _lookup(name: str) -> tuple[str, str] | None:
+def env_lookup(name: str) -> tuple[str, str] | None:
+    """(the variable actually set, its value) among `name`'s aliases, or None."""
     for var in ALIASES.get(name, (name,)):
         value = os.environ.get(var)
         if value is not None:
@@ -26,13 +27,13 @@ def _lookup(name: str) -> tuple[str, str] | None:
 
 
 def env_str(name: str, default: str | None = None) -> str | None:
-    found = _lookup(name)
+    found = env_lookup(name)
     return default if found is None else found[1]
 
 
 def env_flag(name: str, default: bool = False) -> bool:
     """A boolean variable: 1/true/yes/on or 0/false/no/off/empty, case-insensitive."""
-    found = _lookup(name)
+    found = env_lookup(name)
     if found is None:
         return default
     var, value = found
@@ -46,7 +47,7 @@ def env_flag(name: str, default: bool = False) -> bool:
 
 
 def env_choice(name: str, choices: tuple[str, ...]) -> str | None:
-    found = _lookup(name)
+    found = env_lookup(name)
     if found is None or found[1].strip() == "":
         return None
     var, value = found

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import compiler
-from .env import env_flag, env_str
+from .env import env_flag, env_lookup
 from .errors import Int4JitError
 from .shapes import GemvShape, LaunchConfig, candidate_grid
 from .trace import trace
@@ -65,12 +65,10 @@ def parse_override(value: str, var: str = "INT4JIT_CONFIG"):
 
 def override_for(shape: GemvShape):
     """(config, reason) from the override variable, or None when it does not decide."""
-    for var in ("INT4JIT_CONFIG", "MIGRAPHX_INT4_GEMV_CONFIG"):
-        value = env_str(var)
-        if value is not None and value.strip():
-            break
-    else:
+    found = env_lookup("INT4JIT_CONFIG")
+    if found is None or not found[1].strip():
         return None
+    var, value = found
     parsed = parse_override(value, var)
     if isinstance(parsed, LaunchConfig):
         return parsed, f"{var} (global)"

@@ -60,17 +60,17 @@ def _set_aside(path: Path, why: str):
 def read_db(path: Path) -> dict:
     """{shape key: raw entry} from one DB file; {} when missing; set aside when corrupt."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
     try:
-        doc = json.loads(text)
+        doc = json.loads(raw.decode("utf-8"))
         if not isinstance(doc, dict) or not isinstance(doc.get("entries"), dict):
             raise ValueError("no 'entries' object")
         if doc.get("schema", 0) > DB_SCHEMA:
             raise ValueError(f"written by a newer int4jit (schema {doc.get('schema')}, this one reads {DB_SCHEMA})")
         return doc["entries"]
-    except ValueError as e:
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         _set_aside(path, str(e))
         return {}
 

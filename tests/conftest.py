@@ -5,9 +5,9 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Each test session gets its own cache dir; no test reads the user's cache."""
-    monkeypatch.setenv("INT4JIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+def _private_cache(tmp_path, monkeypatch):
+    """Each test gets its own cache dir; no test reads the user's cache or another test's."""
+    monkeypatch.setenv("INT4JIT_CACHE_DIR", str(tmp_path / "cache"))
     for var in ("INT4JIT_CONFIG", "MIGRAPHX_INT4_GEMV_CONFIG", "ORT_MIGRAPHX_EXHAUSTIVE_TUNE",
                 "INT4JIT_EXHAUSTIVE_TUNE", "INT4JIT_TUNE", "INT4JIT_BACKEND"):
         monkeypatch.delenv(var, raising=False)

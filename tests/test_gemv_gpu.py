@@ -131,3 +131,23 @@ def test_mismatched_device_mix_rejected_before_launch():
     x, w, s, z = random_problem(rng, 64, 256, 32, False)
     with pytest.raises(TypeError, match="host"):
         int4jit.gemv(t.from_numpy(x).cuda(), w, s, z)
+
+
+def test_autotune_stores_the_winner_and_reuses_it(monkeypatch):
+    from int4jit import backends, compiler, tuner
+    from int4jit.shapes import GemvShape
+    from int4jit.tuning_db import TuningDB
+    dev = backends.device()
+    shape = GemvShape(3000, 2048, 64, False)
+    sel = tuner.select_config(shape, dev.arch, dev)
+    assert sel.tier == "tuned"
+    rec = TuningDB(dev.arch).get(shape, compiler.template_hash())
+    assert rec is not None and rec.config == sel.config and len(rec.candidates) == 9
+    times = {k: v for k, v in rec.candidates.items() if v is not None}
+    assert rec.us == min(times.values()) and all(v > 0 for v in times.values())
+    assert tuner.select_config(shape, dev.arch, dev).tier == "db"
+    # gemv uses the stored winner and is right
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 3000, 2048, 64, False)
+    assert rel_error(run_torch(x, w, s, z), int4jit.reference_gemv(x, w, s, z)) <= TOL
+

@@ -1,0 +1,56 @@
+"""Regenerate int4jit/table.json: tune the suite exhaustively (20-point grid) on this GPU
+with int4jit's own tuner, and write every candidate's time to bench/results/ so the
+heuristic can be scored against the winners (bench/score_heuristic.py).
+
+    python3 bench/make_table.py [--out-dir DIR]      # needs a GPU; merges into table.json
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from int4jit import backends, tuner  # noqa: E402
+from int4jit.shapes import GemvShape  # noqa: E402
+
+SUITE = {
+    "Qwen2.5-0.5B": [(1152, 896), (896, 896), (9728, 896), (896, 4864)],
+    "Llama-3.2-1B": [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)],
+    "Llama-3-8B": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)],
+    "Phi-4": [(7680, 5120), (5120, 5120), (35840, 5120), (5120, 17920)],
+}
+GROUPS = (32, 128)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--table", default=str(Path(tuner.TABLE_PATH)))
+    args = ap.parse_args()
+    dev = backends.device()
+    table = json.loads(Path(args.table).read_text())
+    rows = table.setdefault(dev.arch, {})
+    detail = {"device": dev.name, "arch": dev.arch, "date": time.strftime("%Y-%m-%d"), "records": {}}
+    t_all = time.perf_counter()
+    for model, shapes in SUITE.items():
+        for N, K in shapes:
+            for g in GROUPS:
+                for sym in (False, True):
+                    shape = GemvShape(N, K, g, sym)
+                    t0 = time.perf_counter()
+                    rec = tuner.autotune(shape, dev, exhaustive=True)
+                    rows[shape.key()] = {"config": [rec.BS, rec.TN], "us": round(rec.us, 3), "model": model}
+                    detail["records"][shape.key()] = rec.candidates
+                    print(f"{model:13s} {shape.key():24s} -> {rec.config} {rec.us:8.2f} us "
+                          f"({shape.weight_bytes / rec.us / 1e3:5.0f} GB/s) tuned in {time.perf_counter() - t0:.1f} s",
+                          flush=True)
+    Path(args.table).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    out = Path(args.out_dir) / f"tuning-{dev.arch}.json"
+    out.write_text(json.dumps(detail, indent=1, sort_keys=True))
+    print(f"{len(detail['records'])} shapes in {time.perf_counter() - t_all:.0f} s; wrote {args.table} and {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The int4jit command on a CPU machine: warm --compile-only, info, cache, concurrency."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from int4jit import cache, cli, compiler, tuner
+from int4jit.shapes import GemvShape
+
+from conftest import require_compiler
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "int4jit", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_warm_compile_only_fills_the_code_cache(capsys):
+    require_compiler("cuda")
+    require_compiler("hip")
+    rc = cli.main(["warm", "--compile-only", "--arch", "sm_90", "--arch", "gfx90a",
+                   "--shapes", "4096x4096,28672x4096", "--group", "32"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.count("sm_90") == 2 and out.count("gfx90a") == 2 and "heuristic" in out
+    compiler._memo.clear()
+    for N, K in [(4096, 4096), (28672, 4096)]:
+        shape = GemvShape(N, K, 32, False)
+        for arch in ("sm_90", "gfx90a"):
+            cfg = tuner.select_config(shape, arch).config
+            ck = compiler.compile_gemv(shape, cfg, arch)  # must now be a disk hit
+            assert cache.read_code_object(compiler.code_object_path(ck.key)) == ck.binary
+
+
+def test_warm_compile_only_honours_the_override(capsys, monkeypatch):
+    require_compiler("cuda")
+    monkeypatch.setenv("INT4JIT_CONFIG", "4096:4096=512,16")
+    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--shapes", "4096x4096,896x896"]) == 0
+    out = capsys.readouterr().out
+    assert "512,16" in out and "override" in out and "heuristic" in out
+
+
+def test_warm_needs_shapes(capsys):
+    assert cli.main(["warm", "--compile-only"]) == 2
+    assert "no shapes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["4096", "4096x", "ax4", "4096*4096"])
+def test_bad_shape_argument(bad):
+    r = run_cli("warm", "--compile-only", "--shapes", bad)
+    assert r.returncode == 2 and "expected NxK" in r.stderr
+
+
+def test_shapes_file(tmp_path, capsys):
+    require_compiler("cuda")
+    f = tmp_path / "shapes.txt"
+    f.write_text("# decode shapes\n896x896\n1152x896, 9728x896  # qwen\n")
+    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--shapes-file", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert all(s in out for s in ("896x896", "1152x896", "9728x896"))
+
+
+def test_four_processes_warming_one_cache(tmp_path):
+    require_compiler("cuda")
+    env = {"INT4JIT_CACHE_DIR": str(tmp_path / "shared")}
+    shape_sets = ["4096x4096,2048x2048", "4096x4096,896x896", "2048x2048,1152x896", "4096x4096,896x896"]
+    procs = [subprocess.Popen([sys.executable, "-m", "int4jit", "warm", "--compile-only", "--arch", "sm_90",
+                               "--shapes", s], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for s in shape_sets]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    files = list((tmp_path / "shared" / "code").rglob("*"))
+    bins = [f for f in files if f.is_file()]
+    assert len(bins) == 4  # four distinct shapes, one code object each, no duplicates
+    assert not [f for f in bins if f.name.endswith(".tmp")]
+    for f in bins:
+        assert cache.read_code_object(f) is not None
+
+
+def test_info_and_cache_commands(tmp_path):
+    env = {"INT4JIT_CACHE_DIR": str(tmp_path / "c")}
+    r = run_cli("info", env=env)
+    assert r.returncode == 0 and "cuda: compiler" in r.stdout and str(tmp_path / "c") in r.stdout
+    r = run_cli("cache", "path", env=env)
+    assert r.stdout.strip() == str(tmp_path / "c")
+    r = run_cli("cache", "export", env=env)
+    assert r.returncode == 2 and "needs a FILE" in r.stderr
+
+
+def test_main_command_without_gpu_compiles_default_targets(tmp_path):
+    require_compiler("cuda")
+    require_compiler("hip")
+    r = run_cli("--shapes", "896x896", env={"INT4JIT_CACHE_DIR": str(tmp_path / "c")})
+    if "no GPU here" not in r.stdout:
+        pytest.skip("a GPU is present: the main command tunes instead")
+    assert r.returncode == 0, r.stderr
+    for arch in cli.DEFAULT_TARGETS:
+        assert arch in r.stdout
+    assert "worst relative error" in r.stdout
