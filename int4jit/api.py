@@ -4,11 +4,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 
 import numpy as np
 
 from . import backends
 from .arrays import describe
+from .backends._args import PackedArgs
 from .env import ALIASES
 from .launch import load_kernel
 from .shapes import LaunchConfig
@@ -17,8 +19,68 @@ from .tuner import Selection, heuristic, select_config
 from .validate import validate
 
 _ENV_KEYS = ALIASES["INT4JIT_CONFIG"] + ALIASES["INT4JIT_EXHAUSTIVE_TUNE"] + ALIASES["INT4JIT_TUNE"]
+_ENV_KEYS_RAW = tuple(k.encode() for k in _ENV_KEYS)
 _kernels: dict[tuple, object] = {}
 _kernels_lock = threading.Lock()
+_local = threading.local()  # per-thread prepared calls: their argument buffers are mutated
+_MAX_PREPARED = 4096
+
+
+def _env_state() -> tuple:
+    """The selection-relevant variables, read on every call so later changes take effect.
+    CPython's os.environ keeps its bytes in _data; a dict lookup there costs 0.1 us where
+    os.environ.get costs 1.5 us, which matters on the per-call path."""
+    raw = getattr(os.environ, "_data", None)
+    if isinstance(raw, dict):
+        return tuple(raw.get(k) for k in _ENV_KEYS_RAW)
+    return tuple(os.environ.get(k) for k in _ENV_KEYS)
+
+
+class _Prepared:
+    """A validated torch call, replayed while the same tensors (alive, same shapes) come back:
+    only their data pointers are re-read."""
+    __slots__ = ("refs", "shapes", "kernel", "args", "device_index")
+
+    def __init__(self, tensors, kernel, device_index):
+        self.refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
+        self.shapes = tuple(None if t is None else t.shape for t in tensors)
+        self.kernel = kernel
+        self.args = PackedArgs([0] * 5)
+        self.device_index = device_index
+
+    def matches(self, tensors) -> bool:
+        for ref, shape, t in zip(self.refs, self.shapes, tensors):
+            if t is None:
+                if ref is not None:
+                    return False
+            elif ref is None or ref() is not t or t.shape != shape:
+                return False
+        return True
+
+
+def _prepared_calls() -> dict:
+    calls = getattr(_local, "calls", None)
+    if calls is None:
+        calls = _local.calls = {}
+    return calls
+
+
+def _torch_stream(index: int) -> int:
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # the public call costs ~2 us more
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def _replay(key, tensors, stream):
+    p = _prepared_calls().get(key)
+    if p is None or not p.matches(tensors):
+        return False
+    values = p.args.values
+    for i, t in enumerate(tensors):
+        values[i] = 0 if t is None else t.data_ptr()
+    s = _torch_stream(p.device_index) if stream is None else _stream_handle(stream, None)
+    p.kernel.launch_packed(p.args, s)
+    return True
 
 
 def _config_arg(config) -> LaunchConfig:
@@ -44,8 +106,7 @@ def _select(dev, shape, stream: int) -> Selection:
 def _kernel_for(dev, shape, cfg, stream: int):
     """The loaded kernel for this call; the selection is memoised per environment state,
     so changing INT4JIT_CONFIG later in the process takes effect."""
-    env = tuple(os.environ.get(k) for k in _ENV_KEYS)
-    key = (dev, shape, cfg, env)
+    key = (dev, shape, cfg, _env_state())
     k = _kernels.get(key)
     if k is None:
         chosen = cfg if cfg is not None else _select(dev, shape, stream).config
@@ -59,7 +120,7 @@ def _stream_handle(stream, xi) -> int:
     """The caller's stream as a raw handle; by default the framework's current stream."""
     if stream is None:
         if xi.framework == "torch":
-            return sys.modules["torch"].cuda.current_stream(xi.device[1]).cuda_stream
+            return _torch_stream(xi.device[1])
         if xi.framework == "cupy":
             return sys.modules["cupy"].cuda.get_current_stream().ptr
         return 0
@@ -124,6 +185,11 @@ def gemv(x, w, scales, zeros=None, *, out=None, stream=None, config=None):
     default the framework's current stream). Returns an array of the kind of x.
     config=(BS, TN) forces the launch geometry.
     """
+    fast_key = None
+    if out is not None and type(x).__module__ == "torch":
+        fast_key = (id(x), id(w), id(scales), id(zeros), id(out), config, _env_state())
+        if _replay(fast_key, (x, w, scales, zeros, out), stream):
+            return out
     shape, infos, out_shape = validate(x, w, scales, zeros, out)
     cfg = None if config is None else _config_arg(config)
     xi = infos[0]
@@ -139,6 +205,12 @@ def gemv(x, w, scales, zeros=None, *, out=None, stream=None, config=None):
         oi = infos[4]
     zi = infos[3]
     kernel(xi.ptr, infos[1].ptr, infos[2].ptr, 0 if zi is None else zi.ptr, oi.ptr, s)
+    if fast_key is not None and xi.framework == "torch" and all(
+            i is None or i.framework == "torch" for i in infos):
+        calls = _prepared_calls()
+        if len(calls) >= _MAX_PREPARED:
+            calls.clear()
+        calls[fast_key] = _Prepared((x, w, scales, zeros, out), kernel, xi.device[1])
     return out
 
 

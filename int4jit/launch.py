@@ -23,8 +23,10 @@ class Kernel:
     block: int
 
     def __call__(self, x_ptr: int, w_ptr: int, s_ptr: int, z_ptr: int, y_ptr: int, stream: int = 0):
-        self.device.launch(self.function, self.grid, self.block,
-                           PackedArgs((x_ptr, w_ptr, s_ptr, z_ptr, y_ptr)), stream)
+        self.launch_packed(PackedArgs((x_ptr, w_ptr, s_ptr, z_ptr, y_ptr)), stream)
+
+    def launch_packed(self, args: PackedArgs, stream: int = 0):
+        self.device.launch(self.function, self.grid, self.block, args, stream)
 
 
 _loaded: dict[tuple, Kernel] = {}
