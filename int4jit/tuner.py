@@ -100,9 +100,13 @@ class DeviceModel:
     regs_per_sm: int
     warp: int
     max_blocks_per_sm: int = 32
-    # bytes a multiprocessor must have in flight to cover memory latency (Little's law:
-    # bandwidth per SM x ~1 us); H200: 4.8 TB/s / 132 SMs x 1 us = 36 KB.
-    inflight_bytes: int = 40 << 10
+    # Weight bytes a multiprocessor wants in flight before bandwidth stops growing.
+    # Little's law with the unloaded latency gives ~36 KB on an H200; fitted to the
+    # measured sm_90 suite (bench/results/tuning-sm_90-*.json) the knee sits near 320 KB,
+    # loaded HBM latency being far above the unloaded one.
+    inflight_bytes: int = 320 << 10
+    # Per-row fixed cost (reduction, store, row setup) in weight-byte equivalents, fitted alike.
+    row_cost_bytes: int = 256
 
 
 _KNOWN = {"sm_90": (132, 2048), "sm_80": (108, 2048), "sm_89": (128, 1536), "sm_86": (84, 1536),
@@ -126,7 +130,7 @@ def estimate_efficiency(shape: GemvShape, cfg: LaunchConfig, model: DeviceModel)
     iters = math.ceil(chunks / geo.kt)
     lane_eff = chunks / (geo.kt * iters)
     row_eff = shape.N / (geo.grid * geo.rows_per_block)
-    regs = 40 + cfg.TN * geo.unroll * (geo.vec // 4 + 2) + 4 * geo.unroll + 2 * cfg.TN
+    regs = 40 + cfg.TN * geo.unroll * (geo.vec // 4 + 8) + 4 * geo.unroll + 2 * cfg.TN
     per_sm = max(1, min(model.max_threads_per_sm // cfg.BS, model.max_blocks_per_sm,
                         model.regs_per_sm // (max(regs, 32) * cfg.BS)))
     resident = min(per_sm, math.ceil(geo.grid / model.sm_count))
@@ -135,7 +139,7 @@ def estimate_efficiency(shape: GemvShape, cfg: LaunchConfig, model: DeviceModel)
     inflight = resident * cfg.BS * lane_eff * cfg.TN * geo.unroll * geo.vec
     mem_eff = min(1.0, inflight / model.inflight_bytes)
     work = cfg.TN * iters * geo.vec  # weight bytes per thread
-    fixed = 64 * cfg.TN + (128 if geo.kt > model.warp else 0)  # reduction + store, in byte-equivalents
+    fixed = model.row_cost_bytes * cfg.TN
     return lane_eff * row_eff * wave_eff * mem_eff * work / (work + fixed)
 
 

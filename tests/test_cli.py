@@ -36,9 +36,11 @@ def test_warm_compile_only_fills_the_code_cache(capsys):
 def test_warm_compile_only_honours_the_override(capsys, monkeypatch):
     require_compiler("cuda")
     monkeypatch.setenv("INT4JIT_CONFIG", "4096:4096=512,16")
-    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--shapes", "4096x4096,896x896"]) == 0
-    out = capsys.readouterr().out
-    assert "512,16" in out and "override" in out and "heuristic" in out
+    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--shapes", "4096x4096,896x896,1000x1024"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["4096x4096"][3:5] == ["512,16", "override"]
+    assert rows["896x896"][4] == "table"  # the shipped sm_90 row
+    assert rows["1000x1024"][4] == "heuristic"
 
 
 def test_warm_needs_shapes(capsys):

@@ -1,0 +1,41 @@
+"""Score the heuristic against measured winners (bench/results/tuning-*.json from
+bench/make_table.py): how often its pick is the winner, or within 5% of it, on the
+default 9-point grid and the exhaustive 20-point grid. Runs on the CPU."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from int4jit import tuner  # noqa: E402
+from int4jit.shapes import GemvShape, candidate_grid  # noqa: E402
+
+
+def parse_key(key: str) -> GemvShape:
+    nk, g, sym = key.split("/")
+    n, k = nk.split("x")
+    return GemvShape(int(n), int(k), int(g[1:]), sym == "sym")
+
+
+def score(path: Path):
+    doc = json.loads(path.read_text())
+    arch = doc["arch"]
+    for exhaustive in (False, True):
+        grid = {str(c) for c in candidate_grid(exhaustive)}
+        exact = near = 0
+        losses = []
+        for key, cands in sorted(doc["records"].items()):
+            times = {c: t for c, t in cands.items() if t is not None and c in grid}
+            best = min(times.values())
+            pick = str(tuner.heuristic(parse_key(key), arch, exhaustive=exhaustive))
+            t = times.get(pick, float("inf"))
+            exact += t == best
+            near += t <= 1.05 * best
+            losses.append(t / best - 1)
+        n = len(losses)
+        print(f"{path.name} {'20' if exhaustive else ' 9'}-point grid: heuristic = winner on {exact}/{n}, "
+              f"within 5% on {near}/{n}; median loss {100 * sorted(losses)[n // 2]:.1f}%, worst {100 * max(losses):.0f}%")
+
+
+if __name__ == "__main__":
+    for p in sys.argv[1:] or sorted(Path(__file__).parent.glob("results/tuning-*.json")):
+        score(Path(p))
