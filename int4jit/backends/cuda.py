@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import functools
 import re
-import statistics
 import threading
 
 import numpy as np
 
 from ..errors import BackendUnavailable, CompileError, DriverError
 from ._args import PackedArgs
+from ._common import make_check, median_event_ms, status_name
 
 NAME = "cuda"
 BINARY_KIND = "cubin"
@@ -34,18 +34,7 @@ def _nvrtc():
     return nvrtc
 
 
-def _status_name(err) -> str:
-    return getattr(err, "name", None) or str(err)
-
-
-def check(result, call: str):
-    """Unwrap a cuda-bindings `(status, *values)` tuple; raise DriverError on failure."""
-    err, *values = result
-    if int(err) != 0:
-        raise DriverError(NAME, call, _status_name(err))
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
+check = make_check(NAME)
 
 
 def parse_arch(arch: str) -> str:
@@ -80,7 +69,7 @@ def compile_source(source: str, name: str, arch: str, options=()) -> bytes:
         check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
         log = buf.rstrip(b"\0 ").decode(errors="replace")
         if int(err) != 0:
-            raise CompileError(NAME, arch, opts, log or _status_name(err), source, name)
+            raise CompileError(NAME, arch, opts, log or status_name(err), source, name)
         size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = b" " * size
         check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
@@ -149,7 +138,7 @@ class Device:
         self.make_current()
         (err,) = self._drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
         if int(err) != 0:
-            raise DriverError(NAME, "cuLaunchKernel", _status_name(err))
+            raise DriverError(NAME, "cuLaunchKernel", status_name(err))
 
     # -- memory ------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> int:
@@ -206,17 +195,12 @@ class Device:
     def time_ms(self, run, repeats: int, stream: int = 0) -> float:
         """Median of `repeats` event-timed calls of run() on `stream`, in ms."""
         drv = self._drv
-        start = check(drv.cuEventCreate(0), "cuEventCreate")
-        stop = check(drv.cuEventCreate(0), "cuEventCreate")
-        try:
-            times = []
-            for _ in range(repeats):
-                check(drv.cuEventRecord(start, stream), "cuEventRecord")
-                run()
-                check(drv.cuEventRecord(stop, stream), "cuEventRecord")
-                check(drv.cuEventSynchronize(stop), "cuEventSynchronize")
-                times.append(check(drv.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
-            return statistics.median(times)
-        finally:
-            drv.cuEventDestroy(start)
-            drv.cuEventDestroy(stop)
+
+        class Events:
+            create = staticmethod(lambda: check(drv.cuEventCreate(0), "cuEventCreate"))
+            record = staticmethod(lambda e: check(drv.cuEventRecord(e, stream), "cuEventRecord"))
+            wait = staticmethod(lambda e: check(drv.cuEventSynchronize(e), "cuEventSynchronize"))
+            elapsed = staticmethod(lambda a, b: check(drv.cuEventElapsedTime(a, b), "cuEventElapsedTime"))
+            destroy = staticmethod(lambda e: drv.cuEventDestroy(e))
+
+        return median_event_ms(Events, run, repeats)

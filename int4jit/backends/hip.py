@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import statistics
 import tempfile
 import threading
 
@@ -14,6 +13,7 @@ import numpy as np
 from ..errors import BackendUnavailable, CompileError, DriverError
 from ..trace import trace
 from ._args import PackedArgs
+from ._common import make_check, median_event_ms, status_name
 
 NAME = "hip"
 BINARY_KIND = "hsaco"
@@ -81,20 +81,7 @@ def _hiprtc():
     return hiprtc
 
 
-def _status_name(err) -> str:
-    return getattr(err, "name", None) or str(err)
-
-
-def check(result, call: str):
-    """Unwrap a hip-python `(status, *values)` tuple; raise DriverError on failure."""
-    if not isinstance(result, tuple):
-        result = (result,)
-    err, *values = result
-    if int(err) != 0:
-        raise DriverError(NAME, call, _status_name(err))
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
+check = make_check(NAME)
 
 
 def parse_arch(arch: str) -> str:
@@ -159,7 +146,7 @@ def compile_source(source: str, name: str, arch: str, options=()) -> bytes:
             check(hiprtc.hiprtcGetProgramLog(prog, buf), "hiprtcGetProgramLog")
         log = bytes(buf).rstrip(b"\0 ").decode(errors="replace")
         if int(err) != 0:
-            raise CompileError(NAME, arch, opts, log or _status_name(err), source, name)
+            raise CompileError(NAME, arch, opts, log or status_name(err), source, name)
         size = check(hiprtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
         code = bytearray(size)
         check(hiprtc.hiprtcGetCode(prog, code), "hiprtcGetCode")
@@ -224,7 +211,7 @@ class Device:
                                                  None, args.extra_address)
         err = result[0] if isinstance(result, tuple) else result
         if int(err) != 0:
-            raise DriverError(NAME, "hipModuleLaunchKernel", _status_name(err))
+            raise DriverError(NAME, "hipModuleLaunchKernel", status_name(err))
 
     # -- memory ------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> int:
@@ -279,18 +266,14 @@ class Device:
         hip.hipGraphDestroy(graph[0])
 
     def time_ms(self, run, repeats: int, stream: int = 0) -> float:
+        """Median of `repeats` event-timed calls of run() on `stream`, in ms."""
         hip = self._hip
-        start = check(hip.hipEventCreate(), "hipEventCreate")
-        stop = check(hip.hipEventCreate(), "hipEventCreate")
-        try:
-            times = []
-            for _ in range(repeats):
-                check(hip.hipEventRecord(start, stream or None), "hipEventRecord")
-                run()
-                check(hip.hipEventRecord(stop, stream or None), "hipEventRecord")
-                check(hip.hipEventSynchronize(stop), "hipEventSynchronize")
-                times.append(check(hip.hipEventElapsedTime(start, stop), "hipEventElapsedTime"))
-            return statistics.median(times)
-        finally:
-            hip.hipEventDestroy(start)
-            hip.hipEventDestroy(stop)
+
+        class Events:
+            create = staticmethod(lambda: check(hip.hipEventCreate(), "hipEventCreate"))
+            record = staticmethod(lambda e: check(hip.hipEventRecord(e, stream or None), "hipEventRecord"))
+            wait = staticmethod(lambda e: check(hip.hipEventSynchronize(e), "hipEventSynchronize"))
+            elapsed = staticmethod(lambda a, b: check(hip.hipEventElapsedTime(a, b), "hipEventElapsedTime"))
+            destroy = staticmethod(lambda e: hip.hipEventDestroy(e))
+
+        return median_event_ms(Events, run, repeats)
