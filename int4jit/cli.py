@@ -20,7 +20,7 @@ DEFAULT_TARGETS = ["sm_90", "gfx90a", "gfx1030"]
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     shapes = []
-    for tok in text.replace(";", ",").split(","):
+    for tok in text.replace(";", ",").replace(" ", ",").split(","):
         tok = tok.strip()
         if not tok:
             continue
@@ -162,8 +162,11 @@ def cmd_warm(args) -> int:
             t0 = time.perf_counter()
             sel = tuner.select_config(shape, arch, device, exhaustive=args.exhaustive or None)
             ck = compiler.compile_gemv(shape, sel.config, arch)
-            rec = tuner.TuningDB(arch).get(shape, compiler.template_hash())
-            us = f"{rec.us:.2f}" if rec is not None and sel.tier in ("tuned", "db") else "-"
+            us = "-"
+            if sel.tier in ("tuned", "db"):
+                us = f"{tuner.TuningDB(arch).get(shape, compiler.template_hash()).us:.2f}"
+            elif sel.tier == "table":
+                us = f"{tuner.shipped_table()[arch][shape.key()]['us']:.2f}"
             rows.append((f"{N}x{K}", f"g{args.group}", arch, str(sel.config), sel.tier, us,
                          f"{time.perf_counter() - t0:.2f}", ck.key[:12]))
     _print_table(["shape", "group", "arch", "BS,TN", "tier", "us", "s", "code object"], rows)

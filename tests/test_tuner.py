@@ -260,3 +260,37 @@ def test_import_rejects_tampered_code_object(tmp_path):
     with pytest.raises(archive.ArchiveError, match="does not match its hash"):
         archive.import_cache(tmp_path / "t.tgz")
     assert not (cache.code_dir() / "ab").exists()
+
+
+_KILL_WRITER = """
+import os, sys
+os.environ["INT4JIT_CACHE_DIR"] = sys.argv[1]
+from int4jit.shapes import GemvShape, LaunchConfig
+from int4jit.tuning_db import TuningDB, TuningRecord
+db = TuningDB("sm_90")
+i = 0
+while True:
+    i += 1
+    big = {str(j): float(j) for j in range(2000)}  # large entries: writes take a while
+    db.put(GemvShape(16 * i, 64, 32, False), TuningRecord(64, 2, 1.0, big, "t", "d", "c", "2026"))
+    print(i, flush=True)
+"""
+
+
+def test_sigkill_mid_write_leaves_a_valid_db(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    root = tmp_path / "killed"
+    p = subprocess.Popen([sys.executable, "-c", _KILL_WRITER, str(root)], stdout=subprocess.PIPE, text=True)
+    for _ in range(5):
+        p.stdout.readline()  # let it finish a few writes, then kill it in the middle of another
+    time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    os.environ["INT4JIT_CACHE_DIR"] = str(root)
+    path = TuningDB("sm_90").path
+    doc = json.loads(path.read_text())  # whole and parseable: never a half-written file
+    assert len(doc["entries"]) >= 5
+    assert not list(path.parent.glob("sm_90.json.corrupt-*"))
