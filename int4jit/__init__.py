@@ -2,8 +2,18 @@
 from ._version import __version__
 from .api import gemv
 from .errors import BackendUnavailable, CompileError, DriverError, Int4JitError
+from .formats import from_awq, from_gptq, from_matmulnbits, to_matmulnbits
 from .reference import dequantize, quantize, reference_gemv
 from .shapes import GemvShape, LaunchConfig
 
-__all__ = ["gemv", "quantize", "dequantize", "reference_gemv", "GemvShape", "LaunchConfig",
+__all__ = ["gemv", "quantize", "dequantize", "reference_gemv", "from_matmulnbits", "to_matmulnbits",
+           "from_awq", "from_gptq", "GemvShape", "LaunchConfig",
            "CompileError", "DriverError", "BackendUnavailable", "Int4JitError", "__version__"]
+
+
+def __getattr__(name):
+    # int4jit.onnx and int4jit.torch load their optional dependencies only when used.
+    if name in ("onnx", "torch"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'int4jit' has no attribute {name!r}")
