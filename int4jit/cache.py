@@ -86,8 +86,25 @@ def read_code_object(path: Path) -> bytes | None:
     return None
 
 
-def write_code_object(path: Path, payload: bytes):
-    atomic_write(path, sha256(payload).encode() + payload)
+_write_warned: set = set()
+
+
+def warn_write_failure(what: Path, error: OSError):
+    """A cache that cannot be written (full disk, read-only) costs speed, never a result:
+    warn once per cache dir and carry on."""
+    key = str(cache_dir())
+    if key not in _write_warned:
+        _write_warned.add(key)
+        log.warning("int4jit: could not write %s (%s); continuing without caching it", what, error)
+
+
+def write_code_object(path: Path, payload: bytes) -> bool:
+    try:
+        atomic_write(path, sha256(payload).encode() + payload)
+        return True
+    except OSError as e:
+        warn_write_failure(path, e)
+        return False
 
 
 def discard(path: Path):

@@ -189,7 +189,11 @@ def _select(shape, arch, device, exhaustive, tune) -> Selection:
         why = "INT4JIT_TUNE=0" if device is not None else "no device to benchmark on"
         return Selection(heuristic(shape, arch, device, exhaustive), "heuristic", why)
     rec = autotune(shape, device, exhaustive=exhaustive)
-    db.put(shape, rec)
+    try:
+        db.put(shape, rec)
+    except (OSError, TimeoutError) as e:  # filelock's Timeout is a TimeoutError
+        from .cache import warn_write_failure
+        warn_write_failure(db.path, e)
     return Selection(rec.config, "tuned", f"benchmarked {len(rec.candidates)} candidates, {rec.us:.2f} us")
 
 
