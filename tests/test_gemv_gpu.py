@@ -200,3 +200,45 @@ def test_graph_capture_and_replay():
     g.replay()
     t.cuda.synchronize()
     assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x2, w, s, z)) <= TOL
+
+
+def test_sixteen_threads_own_streams_shared_weights():
+    import threading
+    t = _torch()
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 4096, 4096, 128, False)
+    wt, st, zt = (t.from_numpy(a).cuda() for a in (w, s, z))
+    xs = [rng.standard_normal(4096).astype(np.float16) for _ in range(16)]
+    refs = [int4jit.reference_gemv(xi, w, s, z) for xi in xs]
+    errors, results = [], [None] * 16
+
+    def worker(i):
+        try:
+            stream = t.cuda.Stream()
+            with t.cuda.stream(stream):
+                xt = t.from_numpy(xs[i]).cuda()
+                out = t.full((4096,), float("nan"), dtype=t.float16, device="cuda")
+                for _ in range(50):
+                    int4jit.gemv(xt, wt, st, zt, out=out)
+            stream.synchronize()
+            results[i] = out.cpu().numpy()
+        except Exception as e:  # collected and re-raised on the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for y, ref in zip(results, refs):
+        assert rel_error(y, ref) <= TOL
+
+
+@pytest.mark.parametrize("N,K,group", [(262144, 1024, 128), (2048, 65536, 256)])
+def test_large_problems(N, K, group):
+    t = _torch()
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, N, K, group, False)
+    y = run_torch(x, w, s, z)
+    assert rel_error(y, chunked_reference(x, w, s, z, rows=8192)) <= TOL
