@@ -99,9 +99,11 @@ def test_validation_property(spec):
 
 
 @pytest.mark.gpu
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(calls())
 def test_gemv_property_on_gpu(spec):
+    import os
+    os.environ["INT4JIT_TUNE"] = "0"  # heuristic configs: the property is about correctness
     x, w, s, z, out = materialise(spec)
     if not expected_valid(x, w, s, z, out):
         with pytest.raises((ValueError, TypeError)):
