@@ -9,4 +9,7 @@ if ! [ -e /usr/lib/x86_64-linux-gnu/libamdhip64.so.5 ] && command -v apt-get >/d
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libamdhip64-5 >/dev/null
 fi
 python3 -m pip install -q -e '.[test]'
+# torch for the int4jit.torch tests: 2.13.0 is the CPU build this machine kind carries on disk
+# (a plain `pip install torch` would fetch a multi-GB CUDA build).
+python3 -c "import torch" 2>/dev/null || python3 -m pip install -q "torch==2.13.0"
 exec python3 -m pytest -q -ra "$@"

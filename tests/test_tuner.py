@@ -294,3 +294,11 @@ def test_sigkill_mid_write_leaves_a_valid_db(tmp_path):
     doc = json.loads(path.read_text())  # whole and parseable: never a half-written file
     assert len(doc["entries"]) >= 5
     assert not list(path.parent.glob("sm_90.json.corrupt-*"))
+
+
+def test_import_rejects_oversize_member(tmp_path, monkeypatch):
+    monkeypatch.setattr(archive, "MAX_MEMBER", 1000)
+    _tar_with(tmp_path / "big.tgz", "tuning/sm_90.json", data=b"{" + b" " * 2000 + b"}")
+    with pytest.raises(archive.ArchiveError, match="over the 1000 limit"):
+        archive.import_cache(tmp_path / "big.tgz")
+    assert not (cache.cache_dir() / "tuning" / "sm_90.json").exists()
