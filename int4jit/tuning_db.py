@@ -63,6 +63,9 @@ def read_db(path: Path) -> dict:
         raw = path.read_bytes()
     except FileNotFoundError:
         return {}
+    except OSError as e:  # unreadable (permissions, I/O error): run without it, never fail a call
+        log.warning("int4jit: cannot read tuning DB %s (%s); ignoring it", path, e)
+        return {}
     try:
         doc = json.loads(raw.decode("utf-8"))
         if not isinstance(doc, dict) or not isinstance(doc.get("entries"), dict):

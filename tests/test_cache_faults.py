@@ -105,3 +105,17 @@ def test_db_write_failure_does_not_fail_selection(monkeypatch, caplog):
         arch, name, sm_count, max_threads_per_sm, regs_per_sm, warp_size = "sm_90", "x", 132, 2048, 65536, 32
     sel = tuner.select_config(GemvShape(1000, 2048, 64, True), "sm_90", Dev())
     assert sel.config == LaunchConfig(128, 4) and "No space left" in caplog.text
+
+
+def test_unreadable_db_is_ignored_with_a_warning(monkeypatch, caplog):
+    db = TuningDB("sm_90")
+    db.put(SHAPE, tuner.TuningRecord(64, 2, 1.0, {}, compiler.template_hash(), "d", "c", "2026"))
+    real = type(db.path).read_bytes
+
+    def denied(self):
+        if self.name == "sm_90.json":
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+    monkeypatch.setattr(type(db.path), "read_bytes", denied)
+    assert db.get(SHAPE, compiler.template_hash()) is None
+    assert "cannot read tuning DB" in caplog.text
