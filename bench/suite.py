@@ -1,0 +1,182 @@
+"""int4jit against its peers on the tuner suite, in one process, on one GPU (issue 4).
+
+Per shape and group: int4jit (its selected config), fp16 cuBLAS (F.linear), torch tinygemm
+(_weight_int4pack_mm, bf16), bitsandbytes gemv_4bit (nf4, blocksize 64) and gemlite A16W4.
+Every figure is graph replay over enough rotating weight copies to defeat L2, events, median
+of 5 (the method of ../shared/bench/peers.py); bandwidth = int4 bytes (weights + scales +
+zeros + x + y) / time, against the device-to-device copy bandwidth measured in this run.
+Writes bench/results/<date>-h200.json, bench/RESULTS.md (table) and a PNG plot.
+
+Peers are benchmark-only: bitsandbytes travels as its wheel, gemlite's package folder is put
+under .peers/ (bench/fetch_peers.sh prepares both)."""
+import datetime
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import int4jit  # noqa: E402
+from int4jit import backends, tuner  # noqa: E402
+from int4jit.launch import load_kernel  # noqa: E402
+from int4jit.shapes import GemvShape  # noqa: E402
+
+SUITE = [(1152, 896), (896, 896), (9728, 896), (896, 4864), (3072, 2048), (2048, 2048), (16384, 2048),
+         (2048, 8192), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
+         (7680, 5120), (5120, 5120), (35840, 5120), (5120, 17920)]
+L2_DEFEAT = 400 << 20
+
+
+def ev_time(fn, iters):
+    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+    fn()
+    torch.cuda.synchronize()
+    s.record()
+    for _ in range(iters):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / iters * 1e3
+
+
+def graph_time(ops):
+    for op in ops:
+        op()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for op in ops:
+            op()
+    reps = max(3, int(2000 / len(ops)))
+    ev_time(g.replay, reps)
+    return sorted(ev_time(g.replay, reps) for _ in range(5))[2] / len(ops)
+
+
+def copy_bw():
+    n = 2 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    t = sorted(ev_time(lambda: b.copy_(a), 10) for _ in range(5))[2]
+    return 2 * n / (t * 1e-6)
+
+
+def int4jit_row(dev, shape):
+    sel = tuner.select_config(shape, dev.arch, dev)
+    bufs = tuner.BenchBuffers(dev, shape)
+    stream = dev.create_stream()
+    try:
+        us = sorted(tuner.time_kernel(load_kernel(dev, shape, sel.config), bufs, stream) for _ in range(5))[2]
+    finally:
+        dev.destroy_stream(stream)
+        bufs.free()
+    return sel, us
+
+
+def accuracy(shape):
+    rng = np.random.default_rng()
+    w = rng.integers(0, 256, (shape.N, shape.K // 2), dtype=np.uint8)
+    s = (rng.random((shape.N, shape.K // shape.group)) * 0.02 + 1e-3).astype(np.float16)
+    z = rng.integers(0, 16, s.shape, dtype=np.uint8)
+    x = rng.standard_normal(shape.K).astype(np.float16)
+    y = int4jit.gemv(*(torch.from_numpy(a).cuda() for a in (x, w, s, z))).cpu().numpy().astype(np.float64)
+    ref = np.concatenate([int4jit.reference_gemv(x, w[i:i + 4096], s[i:i + 4096], z[i:i + 4096])
+                          for i in range(0, shape.N, 4096)])
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def peers(N, K, G, nbytes):
+    out = {}
+    x16 = torch.randn(1, K, device="cuda", dtype=torch.float16)
+    c = max(2, min(64, math.ceil(L2_DEFEAT / (N * K * 2))))
+    Ws = [torch.randn(N, K, device="cuda", dtype=torch.float16) * 0.02 for _ in range(c)]
+    out["fp16_cublas"] = graph_time([lambda W=W: torch.nn.functional.linear(x16, W) for W in Ws])
+    del Ws
+    c = max(2, min(512, math.ceil(L2_DEFEAT / nbytes)))
+    try:
+        xb = x16.to(torch.bfloat16)
+        packs = [(torch._convert_weight_to_int4pack(torch.randint(0, 256, (N, K // 2), device="cuda", dtype=torch.uint8), 8),
+                  torch.randn(K // G, N, 2, device="cuda", dtype=torch.bfloat16) * 0.01) for _ in range(c)]
+        out["tinygemm"] = graph_time([lambda p=p: torch._weight_int4pack_mm(xb, p[0], G, p[1]) for p in packs])
+        del packs
+    except (RuntimeError, AttributeError) as e:
+        out["tinygemm_err"] = repr(e)[:200]
+    try:
+        import bitsandbytes as bnb
+        qs = [bnb.functional.quantize_4bit(torch.randn(N, K, device="cuda", dtype=torch.float16) * 0.02,
+                                           blocksize=64, quant_type="nf4") for _ in range(max(2, min(256, math.ceil(L2_DEFEAT / (N * K // 2)))))]
+        out["bnb_nf4"] = graph_time([lambda p=p: bnb.matmul_4bit(x16, p[0].t(), quant_state=p[1]) for p in qs])
+        del qs
+    except Exception as e:  # a peer that fails is reported, not fatal  # noqa: BLE001
+        out["bnb_err"] = repr(e)[:200]
+    try:
+        sys.path.insert(0, str(ROOT / ".peers"))
+        from gemlite import DType, GemLiteLinear
+        layers = []
+        for _ in range(min(c, 32)):
+            L = GemLiteLinear(4, group_size=G, in_features=K, out_features=N, input_dtype=DType.FP16, output_dtype=DType.FP16)
+            L.pack(torch.randint(0, 16, (N, K), device="cuda", dtype=torch.uint8),
+                   torch.rand(N, K // G, device="cuda", dtype=torch.float16) * 0.01,
+                   torch.full((N, K // G), 8.0, device="cuda", dtype=torch.float16), None)
+            layers.append(L)
+        out["gemlite"] = graph_time([lambda L=L: L(x16) for L in layers])
+        del layers
+    except Exception as e:  # noqa: BLE001
+        out["gemlite_err"] = repr(e)[:200]
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    dev = backends.device()
+    bw = copy_bw()
+    print(f"{dev.name}: copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    rows = []
+    for G in (128, 32):
+        for N, K in SUITE:
+            shape = GemvShape(N, K, G, False)
+            sel, us = int4jit_row(dev, shape)
+            row = {"N": N, "K": K, "group": G, "bytes": shape.weight_bytes, "int4jit": us, "config": str(sel.config),
+                   "tier": sel.tier, "rel_err": accuracy(shape), **peers(N, K, G, shape.weight_bytes)}
+            best = min(row[k] for k in ("fp16_cublas", "tinygemm", "bnb_nf4", "gemlite") if k in row)
+            row["pct_copy_bw"] = 100 * shape.weight_bytes / (us * 1e-6) / bw
+            row["speedup_vs_best_peer"] = best / us
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    date = datetime.date.today().isoformat()
+    res_dir = ROOT / "bench" / "results"
+    doc = {"device": dev.name, "copy_Bps": bw, "date": date, "rows": rows}
+    (res_dir / f"{date}-h200.json").write_text(json.dumps(doc, indent=1))
+    lines = [f"# int4jit vs peers, {dev.name}, {date} (copy {bw / 1e12:.2f} TB/s; µs per call, graph replay)", "",
+             "| N×K | g | int4jit µs | GB/s | % copy BW | fp16 cuBLAS | tinygemm | bnb nf4 | gemlite | speed-up vs best peer | rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    f = lambda r, k: f"{r[k]:.2f}" if k in r else "n/a"
+    for r in rows:
+        lines.append(f"| {r['N']}×{r['K']} | {r['group']} | {r['int4jit']:.2f} | {r['bytes'] / r['int4jit'] / 1e3:.0f} | "
+                     f"{r['pct_copy_bw']:.0f}% | {f(r, 'fp16_cublas')} | {f(r, 'tinygemm')} | {f(r, 'bnb_nf4')} | "
+                     f"{f(r, 'gemlite')} | {r['speedup_vs_best_peer']:.2f}× | {r['rel_err']:.1e} |")
+    lines += ["", f"![% of copy bandwidth](results/{date}-h200.png)"]
+    (ROOT / "bench" / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, label in [("int4jit", "int4jit"), ("fp16_cublas", "fp16 cuBLAS (4x bytes)"), ("tinygemm", "torch tinygemm"),
+                       ("bnb_nf4", "bitsandbytes nf4"), ("gemlite", "gemlite A16W4")]:
+        pts = sorted((r["bytes"], 100 * r["bytes"] / (r[key] * 1e-6) / bw) for r in rows if key in r and r["group"] == 128)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("int4 bytes moved per call (g=128)")
+    ax.set_ylabel("% of copy bandwidth (int4 bytes)")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.savefig(res_dir / f"{date}-h200.png", dpi=120, bbox_inches="tight")
+
+
+if __name__ == "__main__":
+    main()
