@@ -12,7 +12,6 @@ under .peers/ (bench/fetch_peers.sh prepares both)."""
 import datetime
 import json
 import math
-import os
 import sys
 from pathlib import Path
 

@@ -15,7 +15,7 @@ from .env import ALIASES
 from .launch import load_kernel
 from .shapes import LaunchConfig
 from .trace import trace
-from .tuner import Selection, heuristic, select_config
+from .tuner import Selection, select_config
 from .validate import validate
 
 _ENV_KEYS = ALIASES["INT4JIT_CONFIG"] + ALIASES["INT4JIT_EXHAUSTIVE_TUNE"] + ALIASES["INT4JIT_TUNE"]
@@ -214,4 +214,4 @@ def gemv(x, w, scales, zeros=None, *, out=None, stream=None, config=None):
     return out
 
 
-__all__ = ["gemv", "heuristic"]
+__all__ = ["gemv"]

@@ -11,8 +11,8 @@ import numpy as np
 
 from . import backends, cache, compiler, tuner
 from ._version import __version__
-from .errors import BackendUnavailable, Int4JitError
-from .shapes import GemvShape, LaunchConfig, candidate_grid
+from .errors import BackendUnavailable
+from .shapes import GemvShape, candidate_grid
 
 DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
 DEFAULT_TARGETS = ["sm_90", "gfx90a", "gfx1030"]

@@ -3,7 +3,6 @@ import errno
 import os
 import stat
 
-import numpy as np
 import pytest
 
 from int4jit import cache, compiler, tuner

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import int4jit
-from int4jit import formats
 
 from conftest import rel_error
 

@@ -237,7 +237,6 @@ def test_sixteen_threads_own_streams_shared_weights():
 
 @pytest.mark.parametrize("N,K,group", [(262144, 1024, 128), (2048, 65536, 256)])
 def test_large_problems(N, K, group):
-    t = _torch()
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, False)
     y = run_torch(x, w, s, z)

@@ -3,6 +3,7 @@ import json
 import multiprocessing
 import os
 
+import numpy as np
 import pytest
 
 from int4jit import archive, cache, compiler, env, tuner
@@ -302,3 +303,49 @@ def test_import_rejects_oversize_member(tmp_path, monkeypatch):
     with pytest.raises(archive.ArchiveError, match="over the 1000 limit"):
         archive.import_cache(tmp_path / "big.tgz")
     assert not (cache.cache_dir() / "tuning" / "sm_90.json").exists()
+
+
+class RecordingDevice:
+    """Stands in for a GPU: hands out fake addresses and records copies."""
+    l2_bytes = 60 << 20
+
+    def __init__(self):
+        self.next, self.allocs, self.freed, self.htod, self.dtod = 0x1000, {}, [], [], []
+
+    def alloc(self, n):
+        p = self.next
+        self.next += (n + 255) // 256 * 256
+        self.allocs[p] = n
+        return p
+
+    def free(self, p):
+        self.freed.append(p)
+
+    def copy_htod(self, p, a, stream=0):
+        assert a.nbytes <= self.allocs[p]
+        self.htod.append((p, a.copy()))
+
+    def copy_dtod(self, dst, src, n, stream=0):
+        assert n <= self.allocs[dst] and n <= self.allocs[src]
+        self.dtod.append((dst, src, n))
+
+    def synchronize(self, stream=0):
+        pass
+
+
+@pytest.mark.parametrize("shape", [GemvShape(4096, 4096, 128, False), GemvShape(128256, 4096, 32, True),
+                                   GemvShape(7, 48, 16, False)])
+def test_bench_buffers_rotate_enough_distinct_copies(shape):
+    dev = RecordingDevice()
+    bufs = tuner.BenchBuffers(dev, shape, seed=1)
+    per_copy = shape.N * shape.K // 2 + 2 * shape.N * (shape.K // shape.group) + (0 if shape.symmetric else shape.N * (shape.K // shape.group))
+    assert bufs.copies == min(64, max(2, -(-3 * dev.l2_bytes // per_copy)))
+    assert len(bufs.sets) == bufs.copies
+    addrs = [p for st in bufs.sets for p in st if p]
+    assert len(set(addrs)) == len(addrs)  # every copy has its own memory: L2 cannot serve them
+    assert bufs.copies * per_copy >= min(3 * dev.l2_bytes, 64 * per_copy)
+    x, w, s, z = bufs.host
+    assert w.shape == (shape.N, shape.K // 2) and s.dtype == np.float16 and (z is None) == shape.symmetric
+    assert len(np.unique(w)) > 100 or w.size < 500  # random bytes, not zeros
+    bufs.free()
+    assert sorted(dev.freed) == sorted(dev.allocs)  # nothing leaked, nothing freed twice

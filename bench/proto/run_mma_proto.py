@@ -13,7 +13,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from int4jit import compiler, reference  # noqa: E402
+from int4jit import reference  # noqa: E402
 from int4jit.backends import cuda  # noqa: E402
 from int4jit.shapes import GemvShape  # noqa: E402
 
