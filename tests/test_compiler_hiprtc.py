@@ -72,3 +72,25 @@ def test_bad_arch(bad):
                                        ("gfx1100", 32), ("gfx1201", 32)])
 def test_wave_size(arch, wave):
     assert hip.wave_size(arch) == wave
+
+
+ROCM52_TARGETS = ["gfx900", "gfx902", "gfx904", "gfx906", "gfx908", "gfx909", "gfx90a", "gfx90c", "gfx1010",
+                  "gfx1011", "gfx1012", "gfx1013", "gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034",
+                  "gfx1035", "gfx1036"]
+
+
+@pytest.mark.parametrize("arch", ROCM52_TARGETS)
+def test_dot2_table_agrees_with_the_compiler(hiprtc, arch):
+    """For every target this hiprtc knows, DOT2_TARGETS says fdot2 exactly where it compiles."""
+    src = ('extern "C" __global__ void k(float* o, const _Float16* a) {\n'
+           '  typedef _Float16 h2 __attribute__((ext_vector_type(2)));\n'
+           '  h2 v = {a[0], a[1]};\n  o[0] = __builtin_amdgcn_fdot2(v, v, 0.f, false);\n}\n')
+    try:
+        hip.compile_source(src, "dot2.hip", arch)
+        compiles = True
+    except CompileError:
+        compiles = False
+    assert compiles == (arch in hip.DOT2_TARGETS)
+    # and the GEMV kernel compiles on its chosen path
+    ck = compiler.compile_gemv(GemvShape(100, 512, 32, False), LaunchConfig(128, 4), arch)
+    assert ck.binary[:4] == ELF
