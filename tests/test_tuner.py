@@ -349,3 +349,14 @@ def test_bench_buffers_rotate_enough_distinct_copies(shape):
     assert len(np.unique(w)) > 100 or w.size < 500  # random bytes, not zeros
     bufs.free()
     assert sorted(dev.freed) == sorted(dev.allocs)  # nothing leaked, nothing freed twice
+
+
+@pytest.mark.parametrize("var,value", [("INT4JIT_TUNE", "sometimes"), ("INT4JIT_TRACE", "verbose"),
+                                       ("MIGRAPHX_INT4_GEMV_TRACE", "2"), ("INT4JIT_EXHAUSTIVE_TUNE", "all"),
+                                       ("INT4JIT_CONFIG", "256;4"), ("MIGRAPHX_INT4_GEMV_CONFIG", "os.system('x')")])
+def test_every_malformed_variable_is_one_clear_error(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError) as info:
+        tuner.select_config(GemvShape(1000, 2048, 64, True), "sm_90", FakeDevice())
+    assert var in str(info.value) and value in str(info.value)
+    assert str(info.value).count(var) == 1
