@@ -1,0 +1,93 @@
+"""GPU reliability runs for issue 6 (to be promoted into tests/ once they have passed on the H200):
+  1. four processes tune and warm one cache dir at once (same and different shapes);
+  2. a process SIGKILLed in the middle of tuning;
+afterwards the DB must hold every entry, every code object must load, and results must be right.
+    python3 bench/reliability_gpu.py"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = """
+import os, sys
+sys.path.insert(0, {root!r})
+import numpy as np, int4jit
+from int4jit import backends, tuner
+from int4jit.shapes import GemvShape
+dev = backends.device()
+rng = np.random.default_rng()
+for spec in sys.argv[1].split(","):
+    N, K = map(int, spec.split("x"))
+    shape = GemvShape(N, K, 128, False)
+    sel = tuner.select_config(shape, dev.arch, dev)
+    w = rng.integers(0, 256, (N, K // 2), dtype=np.uint8)
+    s = (rng.random((N, K // 128)) * 0.02 + 1e-3).astype(np.float16)
+    z = rng.integers(0, 16, s.shape, dtype=np.uint8)
+    x = rng.standard_normal(K).astype(np.float16)
+    y = int4jit.gemv(x, w, s, z).astype(np.float64)
+    ref = int4jit.reference_gemv(x, w, s, z)
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    print(spec, sel.tier, sel.config, f"{{err:.1e}}", flush=True)
+    assert err <= 2e-3
+"""
+
+
+def run_workers(cache, shape_sets):
+    env = {**os.environ, "INT4JIT_CACHE_DIR": cache}
+    code = WORKER.format(root=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", code, s], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for s in shape_sets]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    return [p.returncode for p in procs], outs
+
+
+def check_cache(cache, expected_keys):
+    os.environ["INT4JIT_CACHE_DIR"] = cache
+    from int4jit import backends, cache as c
+    from int4jit.tuning_db import TuningDB
+    dev = backends.device()
+    entries = TuningDB(dev.arch).entries()
+    missing = sorted(set(expected_keys) - set(entries))
+    bad = [str(f) for f in (Path(cache) / "code").rglob("*.bin") if c.read_code_object(f) is None]
+    tmp = list(Path(cache).rglob("*.tmp"))
+    return missing, bad, tmp, len(entries)
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        cache = str(Path(d) / "cache")
+        sets = ["4096x4096,6144x4096", "4096x4096,3000x2048", "6144x4096,3000x2048", "2500x4096,4096x4096"]
+        t0 = time.perf_counter()
+        rcs, outs = run_workers(cache, sets)
+        keys = {f"{s}/g128/asym" for ss in sets for s in ss.split(",")}
+        missing, bad, tmp, n = check_cache(cache, keys)
+        print(f"4 concurrent tuners: exit codes {rcs}, {time.perf_counter() - t0:.1f} s; DB {n} entries, "
+              f"missing {missing}, corrupt code objects {bad}, temp files {tmp}")
+        for o in outs:
+            print("  " + o.strip().replace("\n", "\n  "))
+        ok1 = rcs == [0, 0, 0, 0] and not missing and not bad and not tmp
+
+        cache2 = str(Path(d) / "killed")
+        env = {**os.environ, "INT4JIT_CACHE_DIR": cache2, "ORT_MIGRAPHX_EXHAUSTIVE_TUNE": "1"}
+        p = subprocess.Popen([sys.executable, "-c", WORKER.format(root=str(ROOT)), "28672x4096,8192x8192"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(4.0)  # inside the first exhaustive tune
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        rcs2, outs2 = run_workers(cache2, ["28672x4096,8192x8192"])
+        missing2, bad2, tmp2, n2 = check_cache(cache2, {"28672x4096/g128/asym", "8192x8192/g128/asym"})
+        print(f"after SIGKILL mid-tune: rerun exit {rcs2}, DB {n2} entries, missing {missing2}, corrupt {bad2}, "
+              f"temp files left by the killed process {len(tmp2)}")
+        print("  " + outs2[0].strip().replace("\n", "\n  "))
+        ok2 = rcs2 == [0] and not missing2 and not bad2
+        print("reliability:", "PASS" if ok1 and ok2 else "FAIL")
+        sys.exit(0 if ok1 and ok2 else 1)
+
+
+if __name__ == "__main__":
+    main()
