@@ -3,7 +3,6 @@
   2. a process SIGKILLed in the middle of tuning;
 afterwards the DB must hold every entry, every code object must load, and results must be right.
     python3 bench/reliability_gpu.py"""
-import json
 import os
 import signal
 import subprocess
