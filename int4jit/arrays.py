@@ -57,7 +57,7 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-def _from_dlpack(name: str, a) -> ArrayInfo:
+def _from_dlpack(name: str, a, device_id: int) -> ArrayInfo:
     capsule = a.__dlpack__()
     t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
     shape = tuple(t.shape[i] for i in range(t.ndim))
@@ -65,7 +65,7 @@ def _from_dlpack(name: str, a) -> ArrayInfo:
     dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits), f"dlpack(code={t.dtype.code},bits={t.dtype.bits})")
     info = ArrayInfo(name, (a, capsule), "dlpack", dtype, shape,
                      strides is None or _c_contiguous(shape, strides),
-                     (t.data or 0) + t.byte_offset, ("gpu", t.device.device_id))
+                     (t.data or 0) + t.byte_offset, ("gpu", device_id))
     return info
 
 
@@ -90,11 +90,11 @@ def describe(name: str, a) -> ArrayInfo:
         return ArrayInfo(name, a, "cupy" if module == "cupy" else "cai", dt.name, shape, contiguous,
                          int(cai["data"][0] or 0), ("gpu", int(ordinal)))
     if hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__"):
-        dev_type, _ = a.__dlpack_device__()
+        dev_type, dev_id = a.__dlpack_device__()
         if dev_type in (DL_CPU, DL_CUDA_HOST):
             return describe(name, np.from_dlpack(a))
         if dev_type in (DL_CUDA, DL_ROCM):
-            return _from_dlpack(name, a)
+            return _from_dlpack(name, a, int(dev_id))
         raise TypeError(f"{name} lives on DLPack device type {dev_type}; expected host memory or a CUDA/ROCm GPU")
     raise TypeError(f"{name} must be a numpy array or a device array (torch/cupy, DLPack or "
                     f"__cuda_array_interface__); got {type(a).__module__}.{type(a).__qualname__}")
