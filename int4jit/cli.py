@@ -155,13 +155,18 @@ def cmd_warm(args) -> int:
     else:
         device = backends.device()
         archs = [device.arch]
-    rows = []
+    rows, failures = [], []
     for N, K in _progress(shapes, "warm"):
         shape = GemvShape(N, K, args.group, args.symmetric)
         for arch in archs:
             t0 = time.perf_counter()
-            sel = tuner.select_config(shape, arch, device, exhaustive=args.exhaustive or None)
-            ck = compiler.compile_gemv(shape, sel.config, arch)
+            try:
+                sel = tuner.select_config(shape, arch, device, exhaustive=args.exhaustive or None)
+                ck = compiler.compile_gemv(shape, sel.config, arch)
+            except Int4JitError as e:  # one target failing must not hide the others' results
+                failures.append(f"{shape.key()} on {arch}: {str(e).splitlines()[0]}")
+                rows.append((f"{N}x{K}", f"g{args.group}", arch, "-", "FAILED", "-", f"{time.perf_counter() - t0:.2f}", "-"))
+                continue
             us = "-"
             if sel.tier in ("tuned", "db"):
                 us = f"{tuner.TuningDB(arch).get(shape, compiler.template_hash()).us:.2f}"
@@ -170,7 +175,9 @@ def cmd_warm(args) -> int:
             rows.append((f"{N}x{K}", f"g{args.group}", arch, str(sel.config), sel.tier, us,
                          f"{time.perf_counter() - t0:.2f}", ck.key[:12]))
     _print_table(["shape", "group", "arch", "BS,TN", "tier", "us", "s", "code object"], rows)
-    return 0
+    for f in failures:
+        print(f"int4jit warm: {f}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 # -- tune ----------------------------------------------------------------------------------
@@ -267,6 +274,9 @@ def main(argv=None) -> int:
     except (ValueError, TypeError) as e:
         print(f"int4jit: {e}", file=sys.stderr)
         return 2
+    except Int4JitError as e:  # compiler, driver or cache failure: the message carries the detail
+        print(f"int4jit: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -101,3 +101,15 @@ def test_main_command_without_gpu_compiles_default_targets(tmp_path):
     for arch in cli.DEFAULT_TARGETS:
         assert arch in r.stdout
     assert "worst relative error" in r.stdout
+
+
+def test_warm_reports_a_target_the_compiler_cannot_build(capsys, monkeypatch):
+    require_compiler("cuda")
+    require_compiler("hip")
+    from int4jit.backends import hip
+    monkeypatch.setattr(hip, "hip_version", lambda: (5, 2, 21153))
+    rc = cli.main(["warm", "--compile-only", "--arch", "gfx1151", "--arch", "sm_90", "--shapes", "1000x1024"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "FAILED" in captured.out and "heuristic" in captured.out  # sm_90 still warmed
+    assert "predates gfx1151" in captured.err
