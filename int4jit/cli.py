@@ -11,7 +11,7 @@ import numpy as np
 
 from . import backends, cache, compiler, tuner
 from ._version import __version__
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, CompileError, Int4JitError
 from .shapes import GemvShape, candidate_grid
 
 DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
@@ -164,7 +164,8 @@ def cmd_warm(args) -> int:
                 sel = tuner.select_config(shape, arch, device, exhaustive=args.exhaustive or None)
                 ck = compiler.compile_gemv(shape, sel.config, arch)
             except Int4JitError as e:  # one target failing must not hide the others' results
-                failures.append(f"{shape.key()} on {arch}: {str(e).splitlines()[0]}")
+                detail = e.log.strip() if isinstance(e, CompileError) and e.log.strip() else str(e)
+                failures.append(f"{shape.key()} on {arch}: {detail.splitlines()[0]}")
                 rows.append((f"{N}x{K}", f"g{args.group}", arch, "-", "FAILED", "-", f"{time.perf_counter() - t0:.2f}", "-"))
                 continue
             us = "-"
