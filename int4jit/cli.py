@@ -64,6 +64,12 @@ def _random_problem(rng, shape: GemvShape):
     return x, w, s, z
 
 
+def _failure_line(e: Int4JitError) -> str:
+    """The informative line of a failure: a compile error's log, else the message."""
+    detail = e.log.strip() if isinstance(e, CompileError) and e.log.strip() else str(e)
+    return detail.splitlines()[0]
+
+
 def _rel_err(y, ref) -> float:
     y = np.asarray(y, dtype=np.float64).reshape(-1)
     return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
@@ -78,13 +84,18 @@ def cmd_run(args) -> int:
     if not backends.gpu_available():
         print(f"int4jit {__version__}: no GPU here; compiling for {', '.join(args.arch or DEFAULT_TARGETS)} "
               f"and checking the reference")
-        rows, worst = [], 0.0
+        rows, worst, failures = [], 0.0, []
         for N, K in shapes:
             shape = GemvShape(N, K, args.group, args.symmetric)
             for arch in args.arch or DEFAULT_TARGETS:
                 sel = tuner.select_config(shape, arch)
                 t0 = time.perf_counter()
-                ck = compiler.compile_gemv(shape, sel.config, arch)
+                try:
+                    ck = compiler.compile_gemv(shape, sel.config, arch)
+                except Int4JitError as e:  # e.g. no hiprtc here: report it, keep the other targets
+                    failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
+                    rows.append((f"{N}x{K}", arch, str(sel.config), "FAILED", "-", "-"))
+                    continue
                 rows.append((f"{N}x{K}", arch, str(sel.config), sel.tier, f"{len(ck.binary)}",
                              f"{1e3 * (time.perf_counter() - t0):.0f}"))
             x, w, s, z = _random_problem(rng, GemvShape(min(N, 256), K, args.group, args.symmetric))
@@ -93,7 +104,9 @@ def cmd_run(args) -> int:
             worst = max(worst, err)
         _print_table(["shape", "arch", "BS,TN", "tier", "bytes", "ms"], rows)
         print(f"reference check (float64 reference vs dequantise+matmul): worst relative error {worst:.1e}")
-        return 0 if worst < 1e-6 else 1
+        for f in failures:
+            print(f"int4jit: {f}", file=sys.stderr)
+        return 0 if worst < 1e-6 and not failures else 1
     dev = backends.device()
     print(f"int4jit {__version__} on {dev.name} ({dev.arch}); group {args.group}, "
           f"{'symmetric' if args.symmetric else 'asymmetric'}")
@@ -164,8 +177,7 @@ def cmd_warm(args) -> int:
                 sel = tuner.select_config(shape, arch, device, exhaustive=args.exhaustive or None)
                 ck = compiler.compile_gemv(shape, sel.config, arch)
             except Int4JitError as e:  # one target failing must not hide the others' results
-                detail = e.log.strip() if isinstance(e, CompileError) and e.log.strip() else str(e)
-                failures.append(f"{shape.key()} on {arch}: {detail.splitlines()[0]}")
+                failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
                 rows.append((f"{N}x{K}", f"g{args.group}", arch, "-", "FAILED", "-", f"{time.perf_counter() - t0:.2f}", "-"))
                 continue
             us = "-"
