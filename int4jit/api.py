@@ -185,13 +185,13 @@ def gemv(x, w, scales, zeros=None, *, out=None, stream=None, config=None):
     default the framework's current stream). Returns an array of the kind of x.
     config=(BS, TN) forces the launch geometry.
     """
+    cfg = None if config is None else _config_arg(config)
     fast_key = None
     if out is not None and type(x).__module__ == "torch":
-        fast_key = (id(x), id(w), id(scales), id(zeros), id(out), config, _env_state())
+        fast_key = (id(x), id(w), id(scales), id(zeros), id(out), cfg, _env_state())
         if _replay(fast_key, (x, w, scales, zeros, out), stream):
             return out
     shape, infos, out_shape = validate(x, w, scales, zeros, out)
-    cfg = None if config is None else _config_arg(config)
     xi = infos[0]
     if not xi.on_device:
         return _gemv_host(shape, infos, out_shape, cfg, stream)

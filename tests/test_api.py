@@ -101,3 +101,10 @@ def test_import_does_not_import_torch():
     import sys
     code = "import sys, int4jit; assert 'torch' not in sys.modules and 'cupy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_config_as_list_is_accepted_and_validated_first():
+    with pytest.raises(AssertionError, match="let a bad call through"):  # valid: reaches the backend
+        int4jit.gemv(*good(), config=[256, 4])
+    with pytest.raises(ValueError, match="config"):
+        int4jit.gemv(*good(), config=[[256], 4])
