@@ -16,10 +16,7 @@ cases = [(1, 4096, 128, (32, 2)), (7, 896, 64, (512, 16)), (1001, 16, 16, (32, 2
 worst = 0.0
 for N, K, g, cfg in cases:
     for sym in (False, True):
-        w = rng.integers(0, 256, (N, K // 2), dtype=np.uint8)
-        s = (rng.random((N, K // g)) * 0.02 + 1e-3).astype(np.float16)
-        z = None if sym else rng.integers(0, 16, (N, K // g), dtype=np.uint8)
-        x = rng.standard_normal(K).astype(np.float16)
+        x, w, s, z = int4jit.reference.random_problem(int4jit.GemvShape(N, K, g, sym), rng)
         dev = [None if a is None else torch.from_numpy(a).cuda() for a in (x, w, s, z)]
         out = torch.full((N,), float("nan"), dtype=torch.float16, device="cuda")
         int4jit.gemv(*dev, out=out, config=cfg)

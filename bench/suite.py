@@ -77,11 +77,7 @@ def int4jit_row(dev, shape):
 
 
 def accuracy(shape):
-    rng = np.random.default_rng()
-    w = rng.integers(0, 256, (shape.N, shape.K // 2), dtype=np.uint8)
-    s = (rng.random((shape.N, shape.K // shape.group)) * 0.02 + 1e-3).astype(np.float16)
-    z = rng.integers(0, 16, s.shape, dtype=np.uint8)
-    x = rng.standard_normal(shape.K).astype(np.float16)
+    x, w, s, z = int4jit.reference.random_problem(shape)
     y = int4jit.gemv(*(torch.from_numpy(a).cuda() for a in (x, w, s, z))).cpu().numpy().astype(np.float64)
     ref = np.concatenate([int4jit.reference_gemv(x, w[i:i + 4096], s[i:i + 4096], z[i:i + 4096])
                           for i in range(0, shape.N, 4096)])

@@ -12,6 +12,7 @@ import numpy as np
 from . import backends, cache, compiler, tuner
 from ._version import __version__
 from .errors import BackendUnavailable, CompileError, Int4JitError
+from .reference import dequantize, random_problem, reference_gemv
 from .shapes import GemvShape, candidate_grid
 
 DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
@@ -56,14 +57,6 @@ def _print_table(headers, rows):
         print(line(r))
 
 
-def _random_problem(rng, shape: GemvShape):
-    w = rng.integers(0, 256, (shape.N, shape.K // 2), dtype=np.uint8)
-    s = (rng.random((shape.N, shape.K // shape.group)) * 0.02 + 1e-3).astype(np.float16)
-    z = None if shape.symmetric else rng.integers(0, 16, s.shape, dtype=np.uint8)
-    x = rng.standard_normal(shape.K).astype(np.float16)
-    return x, w, s, z
-
-
 def _failure_line(e: Int4JitError) -> str:
     """The informative line of a failure: a compile error's log, else the message."""
     detail = e.log.strip() if isinstance(e, CompileError) and e.log.strip() else str(e)
@@ -78,7 +71,6 @@ def _rel_err(y, ref) -> float:
 # -- int4jit (no subcommand): the default workload -------------------------------------
 def cmd_run(args) -> int:
     from .api import gemv
-    from .reference import reference_gemv
     shapes = _shapes_from(args) or DEFAULT_SHAPES
     rng = np.random.default_rng()
     if not backends.gpu_available():
@@ -98,8 +90,7 @@ def cmd_run(args) -> int:
                     continue
                 rows.append((f"{N}x{K}", arch, str(sel.config), sel.tier, f"{len(ck.binary)}",
                              f"{1e3 * (time.perf_counter() - t0):.0f}"))
-            x, w, s, z = _random_problem(rng, GemvShape(min(N, 256), K, args.group, args.symmetric))
-            from .reference import dequantize
+            x, w, s, z = random_problem(GemvShape(min(N, 256), K, args.group, args.symmetric), rng)
             err = _rel_err(dequantize(w, s, z).astype(np.float64) @ x.astype(np.float64), reference_gemv(x, w, s, z))
             worst = max(worst, err)
         _print_table(["shape", "arch", "BS,TN", "tier", "bytes", "ms"], rows)
@@ -116,7 +107,7 @@ def cmd_run(args) -> int:
         t0 = time.perf_counter()
         sel = tuner.select_config(shape, dev.arch, dev)
         setup = time.perf_counter() - t0
-        x, w, s, z = _random_problem(rng, shape)
+        x, w, s, z = random_problem(shape, rng)
         err = _rel_err(gemv(x, w, s, z, config=(sel.config.BS, sel.config.TN)), reference_gemv(x, w, s, z))
         ok &= err <= 2e-3
         from .launch import load_kernel

@@ -40,6 +40,10 @@ def load_kernel(device, shape: GemvShape, cfg: LaunchConfig) -> Kernel:
     k = _loaded.get(key)
     if k is not None:
         return k
+    geo = compiler.kernel_geometry(shape, cfg)
+    if geo.grid > device.max_grid_x:  # checked before compiling or loading anything
+        raise ValueError(f"N={shape.N} needs {geo.grid} blocks with config {cfg}, more than this "
+                         f"device's grid limit {device.max_grid_x}; pick a larger TN or BS")
     compiled = compiler.compile_gemv(shape, cfg, device.arch)
     try:
         module, fn = device.load(compiled.binary, compiled.kernel)
@@ -48,10 +52,6 @@ def load_kernel(device, shape: GemvShape, cfg: LaunchConfig) -> Kernel:
         compiler.forget(compiled)
         compiled = compiler.compile_gemv(shape, cfg, device.arch)
         module, fn = device.load(compiled.binary, compiled.kernel)
-    geo = compiled.geometry
-    if geo.grid > device.max_grid_x:
-        raise ValueError(f"N={shape.N} needs {geo.grid} blocks with config {cfg}, more than this "
-                         f"device's grid limit {device.max_grid_x}; pick a larger TN or BS")
     k = Kernel(device, shape, cfg, module, fn, geo.grid, geo.block)
     with _lock:
         _loaded[key] = k

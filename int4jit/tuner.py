@@ -19,6 +19,7 @@ import numpy as np
 from . import compiler
 from .env import env_flag, env_lookup
 from .errors import Int4JitError
+from .reference import random_problem
 from .shapes import GemvShape, LaunchConfig, candidate_grid
 from .trace import trace
 from .tuning_db import TuningDB, TuningRecord
@@ -218,12 +219,7 @@ class BenchBuffers:
         self.device = device
         # Random canonical bytes, not quantised weights: the kernel's time does not depend on
         # how the bytes were made, and quantising a 128256x4096 matrix alone takes seconds.
-        rng = np.random.default_rng(seed)
-        groups = (shape.N, shape.K // shape.group)
-        w = rng.integers(0, 256, (shape.N, shape.K // 2), dtype=np.uint8)
-        s = (rng.random(groups, dtype=np.float32) * 0.02 + 1e-3).astype(np.float16)
-        z = None if shape.symmetric else rng.integers(0, 16, groups, dtype=np.uint8)
-        x = (rng.standard_normal(shape.K, dtype=np.float32) * 0.5).astype(np.float16)
+        x, w, s, z = random_problem(shape, np.random.default_rng(seed))
         self.host = (x, w, s, z)
         per_copy = w.nbytes + s.nbytes + (0 if z is None else z.nbytes)
         self.copies = int(min(max_copies, max(2, math.ceil(l2_multiple * device.l2_bytes / per_copy))))
