@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import compiler
+from .cache import warn_write_failure
 from .env import env_flag, env_lookup
 from .errors import Int4JitError
 from .reference import random_problem
@@ -193,7 +194,6 @@ def _select(shape, arch, device, exhaustive, tune) -> Selection:
     try:
         db.put(shape, rec)
     except (OSError, TimeoutError) as e:  # filelock's Timeout is a TimeoutError
-        from .cache import warn_write_failure
         warn_write_failure(db.path, e)
     return Selection(rec.config, "tuned", f"benchmarked {len(rec.candidates)} candidates, {rec.us:.2f} us")
 
