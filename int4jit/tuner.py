@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from . import compiler
+from .backends import module_for_arch
 from .cache import warn_write_failure
 from .env import env_flag, env_lookup
 from .errors import Int4JitError
+from .launch import load_kernel
 from .reference import random_problem
 from .shapes import GemvShape, LaunchConfig, candidate_grid
 from .trace import trace
@@ -273,7 +275,6 @@ def time_kernel(kernel, bufs: BenchBuffers, stream: int, repeats: int = 7) -> fl
 
 def benchmark(shape: GemvShape, device, configs, repeats: int = 7) -> dict:
     """{config: µs or None (failed)} for every config, compiled in parallel."""
-    from .launch import load_kernel
     t0 = time.perf_counter()
     compiled = _compile_all(shape, configs, device.arch)
     t_compile = time.perf_counter() - t0
@@ -309,7 +310,6 @@ def autotune(shape: GemvShape, device, exhaustive: bool = False) -> TuningRecord
         raise Int4JitError(f"autotune for {shape.key()} on {device.arch}: every candidate failed "
                            f"(set INT4JIT_TRACE=1 to see why)")
     best = min(ok, key=ok.get)
-    from .backends import module_for_arch
     return TuningRecord(best.BS, best.TN, ok[best], {str(c): t for c, t in times.items()},
                         compiler.template_hash(), device.name, module_for_arch(device.arch).compiler_version(),
                         datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), exhaustive)
