@@ -127,12 +127,18 @@ def peers(N, K, G, nbytes):
 
 
 def main():
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", help="comma-separated NxK subset of the suite (a trial run: nothing is written)")
+    ap.add_argument("--groups", default="128,32", help="group sizes (default 128,32)")
+    args = ap.parse_args()
+    suite = SUITE if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     dev = backends.device()
     bw = copy_bw()
     print(f"{dev.name}: copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows = []
-    for G in (128, 32):
-        for N, K in SUITE:
+    for G in map(int, args.groups.split(",")):
+        for N, K in suite:
             shape = GemvShape(N, K, G, False)
             sel, us = int4jit_row(dev, shape)
             row = {"N": N, "K": K, "group": G, "bytes": shape.weight_bytes, "int4jit": us, "config": str(sel.config),
@@ -142,6 +148,8 @@ def main():
             row["speedup_vs_best_peer"] = best / us
             print(json.dumps(row), flush=True)
             rows.append(row)
+    if args.shapes:
+        return
     date = datetime.date.today().isoformat()
     res_dir = ROOT / "bench" / "results"
     doc = {"device": dev.name, "copy_Bps": bw, "date": date, "rows": rows}

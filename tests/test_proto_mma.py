@@ -1,4 +1,4 @@
-"""The tensor-core prototype (bench/proto, issue 4): its lane/fragment mapping, emulated with the
+"""The tensor-core kernel (templates/gemv_mma.hip, issue 4): its lane/fragment mapping, emulated with the
 PTX ISA's documented m16n8k16 layouts, computes the GEMV; and it compiles for sm_80/sm_90."""
 import sys
 from pathlib import Path
@@ -33,5 +33,5 @@ def test_prototype_compiles():
     from int4jit.backends import cuda
     from int4jit.shapes import GemvShape
     for arch in ("sm_80", "sm_90"):
-        name, src = run_mma_proto.render(GemvShape(4097, 2080, 16, False), 8, 2, 2)
+        name, src = run_mma_proto.render(GemvShape(4097, 2080, 16, False), 8, 2, 1, 2)
         assert cuda.compile_source(src, name + ".cu", arch, ("-default-device",))[:4] == b"\x7fELF"
