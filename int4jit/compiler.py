@@ -16,7 +16,8 @@ from .shapes import GemvShape, LaunchConfig
 from .trace import trace
 
 TEMPLATES = Path(__file__).parent / "templates"
-KERNEL_TEMPLATE = "gemv.hip"
+TEMPLATE_CLASSIC = "gemv.hip"
+TEMPLATE_MMA = "gemv_mma.hip"
 CACHE_SCHEMA = 1
 COMPILE_OPTIONS = {"cuda": ("-default-device",), "hip": ("-O3",)}
 
@@ -28,8 +29,8 @@ def _read_template(name: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def template_hash() -> str:
-    """Hash of the kernel template and both preludes: tuning results are valid for it only."""
-    parts = [_read_template(n) for n in (KERNEL_TEMPLATE, "prelude_cuda.hip", "prelude_hip.hip")]
+    """Hash of the kernel templates and both preludes: tuning results are valid for it only."""
+    parts = [_read_template(n) for n in (TEMPLATE_CLASSIC, TEMPLATE_MMA, "prelude_cuda.hip", "prelude_hip.hip")]
     return cache.sha256("\0".join(parts).encode())[:16]
 
 
@@ -39,25 +40,79 @@ def _next_pow2(n: int) -> int:
 
 @dataclass(frozen=True)
 class KernelGeometry:
-    """What a (shape, config) pair means for the kernel: derived, never tuned directly."""
-    vec: int          # weight bytes per load
-    kt: int           # threads along K per row group
-    row_groups: int
-    unroll: int
+    """What a (shape, config, target) triple means for the kernel: derived, never tuned directly.
+    The last five fields are what the heuristic needs, whichever template runs."""
+    template: str                 # gemv.hip (any target) or gemv_mma.hip (NVIDIA tensor cores)
+    params: tuple                 # (name, value) template parameters beyond the shape
     rows_per_block: int
-    grid: int
+    grid: int                     # row blocks; a persistent kernel is launched on fewer
     block: int
+    persistent: bool              # grid-stride over row blocks (launch.py sizes the grid)
+    k_efficiency: float           # busy fraction of the lanes along K
+    inflight_bytes: int           # weight bytes one thread has in flight
+    thread_bytes: int             # weight bytes one thread reads per row block
+    rows_per_thread: int
+    regs: int                     # registers per thread, estimated
+
+    def param(self, name: str) -> int:
+        return dict(self.params)[name]
 
 
-def kernel_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
+# Shared memory the tensor-core kernel stages x in: 64 bytes per 32-element chunk (x paired and
+# split into low/high halves), sums of 8 bytes per segment, a zero block; 48 KB is the static limit.
+MMA_SMEM_LIMIT = 48 << 10
+
+
+def mma_smem_bytes(shape: GemvShape, warps: int) -> int:
+    pad_chunks = 4 * -(-shape.K // 128)
+    segs = 2 if shape.group == 16 else 1
+    return 64 * pad_chunks + 8 * segs * pad_chunks + 32 + 4 * 16 * 8 * warps
+
+
+def uses_tensor_cores(shape: GemvShape, arch: str) -> bool:
+    """gemv_mma.hip runs where the target has the m16n8k16 tensor-core step, K is whole
+    16-byte loads and x fits in shared memory; gemv.hip everywhere else."""
+    traits = backends.module_for_arch(arch).kernel_traits(arch)
+    return bool(traits.get("TENSOR_CORES")) and shape.K % 32 == 0 and mma_smem_bytes(shape, 16) <= MMA_SMEM_LIMIT
+
+
+def _classic_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
     vec = 16 if shape.K % 32 == 0 else 8
     chunks = shape.K // (2 * vec)
     kt = min(cfg.BS, _next_pow2(chunks))
     iters = -(-chunks // kt)
     unroll = max(1, min(iters, 8 // cfg.TN))
     rows_per_block = (cfg.BS // kt) * cfg.TN
-    grid = -(-shape.N // rows_per_block)
-    return KernelGeometry(vec, kt, cfg.BS // kt, unroll, rows_per_block, grid, cfg.BS)
+    return KernelGeometry(
+        TEMPLATE_CLASSIC, (("KT", kt), ("VEC", vec), ("UNROLL", unroll)), rows_per_block,
+        -(-shape.N // rows_per_block), cfg.BS, False, chunks / (kt * iters),
+        cfg.TN * unroll * vec, cfg.TN * iters * vec, cfg.TN,
+        40 + cfg.TN * unroll * (vec // 4 + 8) + 4 * unroll + 2 * cfg.TN)
+
+
+def _mma_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
+    """(BS, TN) on the tensor-core kernel: BS/32 warps; a lane streams TN rows (TN/2 tiles of
+    16 rows per warp); warps split K (KSPLIT) while each keeps at least two unrolled steps."""
+    warps = cfg.BS // 32
+    tw = cfg.TN // 2
+    steps = -(-shape.K // 128)
+    unroll = max(1, min(4 // tw, steps))
+    ksplit = 1
+    while ksplit < warps and steps >= 4 * ksplit * unroll:
+        ksplit *= 2
+    rows_per_block = (warps // ksplit) * 16 * tw
+    per_warp = -(-steps // ksplit)
+    k_eff = (shape.K // 32) / (4 * ksplit * per_warp)
+    return KernelGeometry(
+        TEMPLATE_MMA, (("WARPS", warps), ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll)), rows_per_block,
+        -(-shape.N // rows_per_block), cfg.BS, True, k_eff, cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN,
+        56 + 8 * tw * unroll + 4 * tw)
+
+
+def kernel_geometry(shape: GemvShape, cfg: LaunchConfig, arch: str) -> KernelGeometry:
+    if uses_tensor_cores(shape, arch):
+        return _mma_geometry(shape, cfg)
+    return _classic_geometry(shape, cfg)
 
 
 def kernel_name(shape: GemvShape, cfg: LaunchConfig) -> str:
@@ -69,15 +124,15 @@ def render_gemv_source(shape: GemvShape, cfg: LaunchConfig, arch: str) -> tuple[
     """(source name, HIP-dialect source) specialised for one shape, config and target."""
     mod = backends.module_for_arch(arch)
     traits = mod.kernel_traits(arch)
-    geo = kernel_geometry(shape, cfg)
+    geo = kernel_geometry(shape, cfg, arch)
     params = {
         "N": shape.N, "K": shape.K, "GROUP": shape.group,
         "SYMMETRIC": "true" if shape.symmetric else "false",
-        "BS": cfg.BS, "TN": cfg.TN, "KT": geo.kt, "VEC": geo.vec, "UNROLL": geo.unroll,
+        "BS": cfg.BS, "TN": cfg.TN, **dict(geo.params),
         "KERNEL_NAME": kernel_name(shape, cfg), **traits,
     }
     prelude = string.Template(_read_template(mod.PRELUDE)).substitute(params)
-    body = string.Template(_read_template(KERNEL_TEMPLATE)).substitute(params)
+    body = string.Template(_read_template(geo.template)).substitute(params)
     name = f"{kernel_name(shape, cfg)}_{mod.parse_arch(arch)}.hip"
     return name, f"// {name}: generated by int4jit {__version__}\n{prelude}\n{body}"
 
@@ -127,7 +182,7 @@ def compile_gemv(shape: GemvShape, cfg: LaunchConfig, arch: str) -> CompiledKern
         trace("code cache miss %s: compiled %s for %s in %.0f ms", key[:12], name, arch,
               1e3 * (time.perf_counter() - t0))
         cache.write_code_object(path, binary)
-    compiled = CompiledKernel(kernel_name(shape, cfg), binary, arch, mod.NAME, kernel_geometry(shape, cfg), key)
+    compiled = CompiledKernel(kernel_name(shape, cfg), binary, arch, mod.NAME, kernel_geometry(shape, cfg, arch), key)
     with _memo_lock:
         _memo[memo_key] = compiled
     return compiled

@@ -40,8 +40,8 @@ def load_kernel(device, shape: GemvShape, cfg: LaunchConfig) -> Kernel:
     k = _loaded.get(key)
     if k is not None:
         return k
-    geo = compiler.kernel_geometry(shape, cfg)
-    if geo.grid > device.max_grid_x:  # checked before compiling or loading anything
+    geo = compiler.kernel_geometry(shape, cfg, device.arch)
+    if not geo.persistent and geo.grid > device.max_grid_x:  # checked before compiling or loading anything
         raise ValueError(f"N={shape.N} needs {geo.grid} blocks with config {cfg}, more than this "
                          f"device's grid limit {device.max_grid_x}; pick a larger TN or BS")
     compiled = compiler.compile_gemv(shape, cfg, device.arch)
@@ -52,7 +52,11 @@ def load_kernel(device, shape: GemvShape, cfg: LaunchConfig) -> Kernel:
         compiler.forget(compiled)
         compiled = compiler.compile_gemv(shape, cfg, device.arch)
         module, fn = device.load(compiled.binary, compiled.kernel)
-    k = Kernel(device, shape, cfg, module, fn, geo.grid, geo.block)
+    grid = geo.grid
+    if geo.persistent:
+        # A grid-stride kernel: as many blocks as the device holds at once, no more.
+        grid = min(grid, max(1, device.blocks_per_sm(fn, geo.block)) * device.sm_count)
+    k = Kernel(device, shape, cfg, module, fn, grid, geo.block)
     with _lock:
         _loaded[key] = k
     return k

@@ -126,32 +126,27 @@ def device_model(arch: str, device=None) -> DeviceModel:
     return DeviceModel(sms, threads, 65536, warp)
 
 
-def estimate_efficiency(shape: GemvShape, cfg: LaunchConfig, model: DeviceModel) -> float:
+def estimate_efficiency(shape: GemvShape, cfg: LaunchConfig, model: DeviceModel, arch: str) -> float:
     """Modelled fraction of peak bandwidth a config reaches: idle K lanes, padded rows,
     the last partial wave, bytes in flight per SM, and per-thread fixed cost."""
-    geo = compiler.kernel_geometry(shape, cfg)
-    chunks = shape.K // (2 * geo.vec)
-    iters = math.ceil(chunks / geo.kt)
-    lane_eff = chunks / (geo.kt * iters)
+    geo = compiler.kernel_geometry(shape, cfg, arch)
     row_eff = shape.N / (geo.grid * geo.rows_per_block)
-    regs = 40 + cfg.TN * geo.unroll * (geo.vec // 4 + 8) + 4 * geo.unroll + 2 * cfg.TN
     per_sm = max(1, min(model.max_threads_per_sm // cfg.BS, model.max_blocks_per_sm,
-                        model.regs_per_sm // (max(regs, 32) * cfg.BS)))
+                        model.regs_per_sm // (max(geo.regs, 32) * cfg.BS)))
     resident = min(per_sm, math.ceil(geo.grid / model.sm_count))
     waves = geo.grid / (per_sm * model.sm_count)
     wave_eff = waves / math.ceil(waves)
-    inflight = resident * cfg.BS * lane_eff * cfg.TN * geo.unroll * geo.vec
+    inflight = resident * cfg.BS * geo.k_efficiency * geo.inflight_bytes
     mem_eff = min(1.0, inflight / model.inflight_bytes)
-    work = cfg.TN * iters * geo.vec  # weight bytes per thread
-    fixed = model.row_cost_bytes * cfg.TN
-    return lane_eff * row_eff * wave_eff * mem_eff * work / (work + fixed)
+    fixed = model.row_cost_bytes * geo.rows_per_thread
+    return geo.k_efficiency * row_eff * wave_eff * mem_eff * geo.thread_bytes / (geo.thread_bytes + fixed)
 
 
 def heuristic(shape: GemvShape, arch: str, device=None, exhaustive: bool = False) -> LaunchConfig:
     """The modelled best config of the grid that will be searched."""
     model = device_model(arch, device)
     grid = candidate_grid(exhaustive)
-    return max(grid, key=lambda c: (round(estimate_efficiency(shape, c, model), 3), -c.TN, c.BS))
+    return max(grid, key=lambda c: (round(estimate_efficiency(shape, c, model, arch), 3), -c.TN, c.BS))
 
 
 # -- selection --------------------------------------------------------------------------

@@ -15,7 +15,10 @@ def test_every_grid_point_renders_completely(arch, cfg):
     shape = GemvShape(4096, 4096, 128, False)
     name, src = compiler.render_gemv_source(shape, cfg, arch)
     assert "${" not in src and "$" not in src
-    assert f"constexpr int BS = {cfg.BS};" in src and f"constexpr int TN = {cfg.TN};" in src
+    if compiler.uses_tensor_cores(shape, arch):
+        assert f"constexpr int WARPS = {cfg.BS // 32};" in src and f"constexpr int TW = {cfg.TN // 2};" in src
+    else:
+        assert f"constexpr int BS = {cfg.BS};" in src and f"constexpr int TN = {cfg.TN};" in src
     assert f"{compiler.kernel_name(shape, cfg)}(" in src
     assert name.endswith(f"_{arch}.hip")
 
@@ -43,13 +46,45 @@ def test_specialisation_changes_source():
 @pytest.mark.parametrize("cfg", candidate_grid(True), ids=str)
 def test_geometry_covers_every_row_and_chunk(N, K, cfg):
     shape = GemvShape(N, K, 16, False)
-    geo = compiler.kernel_geometry(shape, cfg)
-    assert geo.vec == (16 if K % 32 == 0 else 8)
-    assert cfg.BS % geo.kt == 0 and geo.kt & (geo.kt - 1) == 0
+    geo = compiler.kernel_geometry(shape, cfg, "gfx90a")
+    assert geo.template == "gemv.hip" and not geo.persistent
+    vec, kt = geo.param("VEC"), geo.param("KT")
+    assert vec == (16 if K % 32 == 0 else 8)
+    assert cfg.BS % kt == 0 and kt & (kt - 1) == 0
     assert geo.grid * geo.rows_per_block >= N > (geo.grid - 1) * geo.rows_per_block
-    chunks = K // (2 * geo.vec)
-    assert geo.kt < 2 * chunks or geo.kt == 1  # no more than half the K lanes idle
+    chunks = K // (2 * vec)
+    assert kt < 2 * chunks or kt == 1  # no more than half the K lanes idle
     assert geo.block == cfg.BS
+
+
+@pytest.mark.parametrize("N", [1, 7, 896, 4097, 11008])
+@pytest.mark.parametrize("K", [32, 96, 896, 4096, 14336])
+@pytest.mark.parametrize("cfg", candidate_grid(True), ids=str)
+def test_tensor_core_geometry_covers_every_row_and_step(N, K, cfg):
+    shape = GemvShape(N, K, 32, False)
+    geo = compiler.kernel_geometry(shape, cfg, "sm_90")
+    assert geo.template == "gemv_mma.hip" and geo.persistent and geo.block == cfg.BS
+    warps, ksplit, tw = geo.param("WARPS"), geo.param("KSPLIT"), geo.param("TW")
+    assert warps * 32 == cfg.BS and warps % ksplit == 0 and 2 * tw == cfg.TN
+    assert geo.rows_per_block == (warps // ksplit) * 16 * tw
+    assert geo.grid * geo.rows_per_block >= N > (geo.grid - 1) * geo.rows_per_block
+    steps = -(-K // 128)
+    assert ksplit == 1 or steps >= 2 * ksplit * geo.param("UNROLL")  # each warp keeps unrolled work
+    assert 0.25 <= geo.k_efficiency <= 1
+
+
+@pytest.mark.parametrize("arch,K,group,template", [
+    ("sm_90", 4096, 128, "gemv_mma.hip"), ("sm_80", 896, 32, "gemv_mma.hip"),
+    ("sm_75", 4096, 128, "gemv.hip"),          # no m16n8k16 f16 step before sm_80
+    ("sm_90", 4112, 16, "gemv.hip"),           # K % 32 != 0: 8-byte loads
+    ("sm_90", 65536, 128, "gemv.hip"),         # x does not fit in shared memory
+    ("gfx90a", 4096, 128, "gemv.hip")])
+def test_template_choice(arch, K, group, template):
+    geo = compiler.kernel_geometry(GemvShape(64, K, group, False), LaunchConfig(128, 4), arch)
+    assert geo.template == template
+    _, src = compiler.render_gemv_source(GemvShape(64, K, group, False), LaunchConfig(128, 4), arch)
+    body = src.split("__global__", 1)[1]
+    assert ("mma_16816(d," in body) == (template == "gemv_mma.hip")
 
 
 def test_every_group_renders():

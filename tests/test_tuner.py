@@ -148,7 +148,7 @@ def test_heuristic_responds_to_the_hardware():
     small = tuner.DeviceModel(8, 1024, 65536, 32)
     big = tuner.DeviceModel(304, 2048, 65536, 64)
     s = GemvShape(2048, 2048, 128, False)
-    effs = lambda m: [tuner.estimate_efficiency(s, c, m) for c in candidate_grid(True)]
+    effs = lambda m: [tuner.estimate_efficiency(s, c, m, "sm_90") for c in candidate_grid(True)]
     assert effs(small) != effs(big)
     assert all(0 < e <= 1 for e in effs(big))
 

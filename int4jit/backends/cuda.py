@@ -47,8 +47,9 @@ def parse_arch(arch: str) -> str:
 
 def kernel_traits(arch: str) -> dict:
     """What the template needs to know about an NVIDIA target."""
-    parse_arch(arch)
-    return {"WARP": 32, "HAS_DOT2": 0}
+    major = int(_ARCH.match(parse_arch(arch)).group(1)) // 10
+    # mma.sync m16n8k16 f16 -> f32 (the tensor-core kernel's step) exists from sm_80 on.
+    return {"WARP": 32, "HAS_DOT2": 0, "TENSOR_CORES": int(major >= 8)}
 
 
 @functools.lru_cache(maxsize=None)

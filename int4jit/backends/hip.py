@@ -100,7 +100,8 @@ def wave_size(arch: str) -> int:
 
 def kernel_traits(arch: str) -> dict:
     arch = parse_arch(arch)
-    return {"WARP": wave_size(arch), "HAS_DOT2": int(arch in DOT2_TARGETS)}
+    # TENSOR_CORES: the MFMA/WMMA analogue of gemv_mma.hip is not written yet.
+    return {"WARP": wave_size(arch), "HAS_DOT2": int(arch in DOT2_TARGETS), "TENSOR_CORES": 0}
 
 
 @functools.lru_cache(maxsize=None)
