@@ -40,6 +40,14 @@ def run_torch(x, w, s, z, **kw):
     return out.cpu().numpy()
 
 
+def device_problem(rng, N, K, group, symmetric=False):
+    """Fresh random problem: host arrays, their torch copies on the GPU, a NaN-poisoned out."""
+    t = _torch()
+    host = random_problem(rng, N, K, group, symmetric)
+    tensors = tuple(None if a is None else t.from_numpy(a).cuda() for a in host)
+    return host, tensors, t.full((N,), float("nan"), dtype=t.float16, device="cuda")
+
+
 SWEEP = [(N, K, g, sym) for N in (1, 7, 896, 4096, 11008) for K in ("g", 896, 4096, 14336)
          for g in SUPPORTED_GROUPS for sym in (True, False) if K == "g" or K % g == 0]
 
@@ -55,7 +63,7 @@ def test_sweep_against_reference(N, K, group, symmetric, monkeypatch):
 
 
 @pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
-@pytest.mark.parametrize("N,K,group", [(4096, 4096, 128), (1000, 2064, 16)])
+@pytest.mark.parametrize("N,K,group", [(4096, 4096, 128), (1000, 2064, 16), (1000, 2080, 16)])
 def test_every_grid_point(cfg, N, K, group):
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, symmetric=False)
@@ -160,14 +168,11 @@ def test_autotune_stores_the_winner_and_reuses_it(monkeypatch):
     assert rel_error(run_torch(x, w, s, z), int4jit.reference_gemv(x, w, s, z)) <= TOL
 
 
-
 def test_repeated_eager_calls_follow_new_data_and_new_tensors():
     """The per-call fast path re-reads pointers: new values, new tensors, new shapes all work."""
     t = _torch()
     rng = np.random.default_rng()
-    x, w, s, z = random_problem(rng, 4096, 4096, 128, False)
-    xt, wt, st, zt = (t.from_numpy(a).cuda() for a in (x, w, s, z))
-    out = t.full((4096,), float("nan"), dtype=t.float16, device="cuda")
+    (x, w, s, z), (xt, wt, st, zt), out = device_problem(rng, 4096, 4096, 128)
     for _ in range(3):
         x2 = rng.standard_normal(4096).astype(np.float16)
         xt.copy_(t.from_numpy(x2))
@@ -175,20 +180,16 @@ def test_repeated_eager_calls_follow_new_data_and_new_tensors():
         int4jit.gemv(xt, wt, st, zt, out=out)
         t.cuda.synchronize()
         assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x2, w, s, z)) <= TOL
-    x3, w3, s3, z3 = random_problem(rng, 4096, 4096, 128, False)  # fresh tensors, same shape
-    args = [t.from_numpy(a).cuda() for a in (x3, w3, s3, z3)]
-    out.fill_(float("nan"))
+    host, args, out = device_problem(rng, 4096, 4096, 128)  # fresh tensors, same shape
     int4jit.gemv(*args, out=out)
     t.cuda.synchronize()
-    assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x3, w3, s3, z3)) <= TOL
+    assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(*host)) <= TOL
 
 
 def test_graph_capture_and_replay():
     t = _torch()
     rng = np.random.default_rng()
-    x, w, s, z = random_problem(rng, 2048, 8192, 32, False)
-    xt, wt, st, zt = (t.from_numpy(a).cuda() for a in (x, w, s, z))
-    out = t.full((2048,), float("nan"), dtype=t.float16, device="cuda")
+    (x, w, s, z), (xt, wt, st, zt), out = device_problem(rng, 2048, 8192, 32)
     int4jit.gemv(xt, wt, st, zt, out=out)  # select + compile outside the capture
     t.cuda.synchronize()
     out.fill_(float("nan"))
@@ -235,7 +236,7 @@ def test_sixteen_threads_own_streams_shared_weights():
         assert rel_error(y, ref) <= TOL
 
 
-@pytest.mark.parametrize("N,K,group", [(262144, 1024, 128), (2048, 65536, 256)])
+@pytest.mark.parametrize("N,K,group", [(262144, 1024, 128), (2048, 65536, 256), (8192, 17920, 32)])
 def test_large_problems(N, K, group):
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, False)
