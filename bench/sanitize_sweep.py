@@ -1,5 +1,5 @@
 """A small sweep for compute-sanitizer (memcheck, racecheck): N = 1, N not a multiple of the
-rows per block, K = one group, the smallest and largest grid points, every group.
+rows per block, K = one group, the smallest and largest grid points, every group, both kernels.
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/sanitize_sweep.py"""
 import sys
 from pathlib import Path
@@ -12,7 +12,9 @@ import int4jit  # noqa: E402
 
 rng = np.random.default_rng(0)
 cases = [(1, 4096, 128, (32, 2)), (7, 896, 64, (512, 16)), (1001, 16, 16, (32, 2)), (1001, 256, 256, (512, 16)),
-         (4097, 4096, 32, (256, 8)), (333, 4112, 16, (128, 4)), (896, 4864, 128, (64, 16)), (5, 48, 16, (512, 2))]
+         (4097, 4096, 32, (256, 8)), (333, 4112, 16, (128, 4)), (896, 4864, 128, (64, 16)), (5, 48, 16, (512, 2)),
+         # tensor-core kernel (sm_80+, K % 32 == 0): g = 16 segments, a partial last step, x near the shared-memory limit
+         (1000, 2080, 16, (256, 4)), (33, 96, 32, (128, 2)), (2048, 17920, 32, (512, 2)), (129, 8192, 64, (512, 16))]
 worst = 0.0
 for N, K, g, cfg in cases:
     for sym in (False, True):
