@@ -57,7 +57,8 @@ def check_cache(cache, expected_keys):
 def main():
     with tempfile.TemporaryDirectory() as d:
         cache = str(Path(d) / "cache")
-        sets = ["4096x4096,6144x4096", "4096x4096,3000x2048", "6144x4096,3000x2048", "2500x4096,4096x4096"]
+        # shapes the shipped table does not hold, so every process tunes (same shapes in several at once)
+        sets = ["6000x4096,3000x2048", "6000x4096,2500x4096", "3000x2048,5000x3072", "2500x4096,6000x4096"]
         t0 = time.perf_counter()
         rcs, outs = run_workers(cache, sets)
         keys = {f"{s}/g128/asym" for ss in sets for s in ss.split(",")}
