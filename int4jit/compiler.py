@@ -90,18 +90,25 @@ def _classic_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
         40 + cfg.TN * unroll * (vec // 4 + 8) + 4 * unroll + 2 * cfg.TN)
 
 
+# Warps a launch should spread over (a few per scheduler on a big GPU): below it, the
+# tensor-core kernel splits K across more warps of a block.
+MMA_TARGET_WARPS = 4096
+
+
 def _mma_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
     """(BS, TN) on the tensor-core kernel: BS/32 warps; a lane streams TN rows (TN/2 tiles of
-    16 rows per warp); warps split K (KSPLIT) while each keeps at least two unrolled steps."""
+    16 rows per warp). The warps of a block split K (KSPLIT, a power of two, at most one per
+    step) until the launch has MMA_TARGET_WARPS warps: small N gets parallelism along K."""
     warps = cfg.BS // 32
     tw = cfg.TN // 2
     steps = -(-shape.K // 128)
-    unroll = max(1, min(4 // tw, steps))
+    tiles = -(-shape.N // (16 * tw))
     ksplit = 1
-    while ksplit < warps and steps >= 4 * ksplit * unroll:
+    while 2 * ksplit <= min(warps, steps) and tiles * ksplit < MMA_TARGET_WARPS:
         ksplit *= 2
-    rows_per_block = (warps // ksplit) * 16 * tw
     per_warp = -(-steps // ksplit)
+    unroll = max(1, min(4 // tw, per_warp))
+    rows_per_block = (warps // ksplit) * 16 * tw
     k_eff = (shape.K // 32) / (4 * ksplit * per_warp)
     return KernelGeometry(
         TEMPLATE_MMA, (("WARPS", warps), ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll)), rows_per_block,

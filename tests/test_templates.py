@@ -69,7 +69,12 @@ def test_tensor_core_geometry_covers_every_row_and_step(N, K, cfg):
     assert geo.rows_per_block == (warps // ksplit) * 16 * tw
     assert geo.grid * geo.rows_per_block >= N > (geo.grid - 1) * geo.rows_per_block
     steps = -(-K // 128)
-    assert ksplit == 1 or steps >= 2 * ksplit * geo.param("UNROLL")  # each warp keeps unrolled work
+    assert ksplit & (ksplit - 1) == 0 and ksplit <= steps  # every warp has a step
+    tiles = -(-N // (16 * tw))
+    # K is split only while the launch is short of warps, and as far as the block allows
+    assert ksplit == 1 or tiles * ksplit // 2 < compiler.MMA_TARGET_WARPS
+    assert tiles * ksplit >= compiler.MMA_TARGET_WARPS or 2 * ksplit > min(warps, steps)
+    assert 1 <= geo.param("UNROLL") <= max(1, 4 // tw)
     assert 0.25 <= geo.k_efficiency <= 1
 
 
