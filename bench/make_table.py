@@ -24,6 +24,13 @@ SUITE = {
 GROUPS = (32, 128)
 
 
+def write(args, table, detail, arch):
+    Path(args.table).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    out = Path(args.out_dir) / f"tuning-{arch}.json"
+    out.write_text(json.dumps(detail, indent=1, sort_keys=True))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "bench/results"))
@@ -46,9 +53,8 @@ def main():
                     print(f"{model:13s} {shape.key():24s} -> {rec.config} {rec.us:8.2f} us "
                           f"({shape.weight_bytes / rec.us / 1e3:5.0f} GB/s) tuned in {time.perf_counter() - t0:.1f} s",
                           flush=True)
-    Path(args.table).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    out = Path(args.out_dir) / f"tuning-{dev.arch}.json"
-    out.write_text(json.dumps(detail, indent=1, sort_keys=True))
+                    write(args, table, detail, dev.arch)  # after every shape: a cut-off run keeps its rows
+    out = write(args, table, detail, dev.arch)
     print(f"{len(detail['records'])} shapes in {time.perf_counter() - t_all:.0f} s; wrote {args.table} and {out}")
 
 
