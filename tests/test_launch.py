@@ -1,0 +1,59 @@
+"""launch.load_kernel against a stand-in device: the launch grid a kernel gets (persistent
+tensor-core kernels: what the device holds at once; the CUDA-core kernel: one block per row
+block) and the grid-limit check, made before anything is compiled."""
+import pytest
+
+from int4jit import compiler, launch
+from int4jit.shapes import GemvShape, LaunchConfig
+
+from conftest import require_compiler
+
+
+class StandInDevice:
+    def __init__(self, arch, max_grid_x=2**31 - 1, per_sm=3):
+        self.arch, self.sm_count, self.max_grid_x, self.per_sm = arch, 132, max_grid_x, per_sm
+        self.loaded = []
+
+    def load(self, binary, kernel):
+        assert binary[:4] == b"\x7fELF"
+        self.loaded.append(kernel)
+        return "module", f"fn:{kernel}"
+
+    def blocks_per_sm(self, fn, block):
+        assert fn.startswith("fn:")
+        return self.per_sm
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_memo():
+    launch._loaded.clear()
+    yield
+    launch._loaded.clear()
+
+
+@pytest.mark.parametrize("N,per_sm", [(28672, 3), (128256, 2), (100, 4)])
+def test_persistent_kernel_gets_the_resident_grid(N, per_sm):
+    require_compiler("cuda")
+    shape, cfg = GemvShape(N, 4096, 128, False), LaunchConfig(256, 2)
+    dev = StandInDevice("sm_90", per_sm=per_sm)
+    k = launch.load_kernel(dev, shape, cfg)
+    geo = compiler.kernel_geometry(shape, cfg, "sm_90")
+    assert geo.persistent and k.grid == min(geo.grid, per_sm * 132) and k.block == 256
+    assert launch.load_kernel(dev, shape, cfg) is k and len(dev.loaded) == 1  # loaded once
+
+
+def test_cuda_core_kernel_gets_one_block_per_row_block():
+    require_compiler("cuda")
+    shape, cfg = GemvShape(5000, 4096, 128, False), LaunchConfig(128, 4)
+    k = launch.load_kernel(StandInDevice("sm_75"), shape, cfg)  # sm_75: no tensor-core kernel
+    geo = compiler.kernel_geometry(shape, cfg, "sm_75")
+    assert not geo.persistent and k.grid == geo.grid == -(-5000 // geo.rows_per_block)
+
+
+def test_grid_limit_is_checked_before_compiling(monkeypatch):
+    def no_compile(*a):
+        raise AssertionError("compiled a kernel that cannot launch")
+    monkeypatch.setattr(compiler, "compile_gemv", no_compile)
+    with pytest.raises(ValueError, match="grid limit 1000"):
+        launch.load_kernel(StandInDevice("sm_75", max_grid_x=1000), GemvShape(262144, 1024, 128, False),
+                           LaunchConfig(32, 2))
