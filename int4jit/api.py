@@ -18,7 +18,8 @@ from .trace import trace
 from .tuner import Selection, select_config
 from .validate import validate
 
-_ENV_KEYS = ALIASES["INT4JIT_CONFIG"] + ALIASES["INT4JIT_EXHAUSTIVE_TUNE"] + ALIASES["INT4JIT_TUNE"]
+_ENV_KEYS = (ALIASES["INT4JIT_CONFIG"] + ALIASES["INT4JIT_EXHAUSTIVE_TUNE"] + ALIASES["INT4JIT_TUNE"]
+             + ALIASES["INT4JIT_KERNEL"])
 _ENV_KEYS_RAW = tuple(k.encode() for k in _ENV_KEYS)
 _kernels: dict[tuple, object] = {}
 _kernels_lock = threading.Lock()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import backends, cache
 from ._version import __version__
+from .env import env_choice
 from .shapes import GemvShape, LaunchConfig
 from .trace import trace
 
@@ -69,11 +70,21 @@ def mma_smem_bytes(shape: GemvShape, warps: int) -> int:
     return 64 * pad_chunks + 8 * segs * pad_chunks + 32 + 4 * 16 * 8 * warps
 
 
+KERNEL_CHOICES = ("auto", "mma", "simt")
+
+
 def uses_tensor_cores(shape: GemvShape, arch: str) -> bool:
     """gemv_mma.hip runs where the target has the m16n8k16 tensor-core step, K is whole
-    16-byte loads and x fits in shared memory; gemv.hip everywhere else."""
+    16-byte loads and x fits in shared memory; gemv.hip everywhere else.
+    INT4JIT_KERNEL=simt takes gemv.hip everywhere (mma: the tensor-core kernel where it can run)."""
+    choice = env_choice("INT4JIT_KERNEL", KERNEL_CHOICES) or "auto"
+    if choice == "simt":
+        return False
     traits = backends.module_for_arch(arch).kernel_traits(arch)
-    return bool(traits.get("TENSOR_CORES")) and shape.K % 32 == 0 and mma_smem_bytes(shape, 16) <= MMA_SMEM_LIMIT
+    possible = bool(traits.get("TENSOR_CORES")) and shape.K % 32 == 0 and mma_smem_bytes(shape, 16) <= MMA_SMEM_LIMIT
+    if choice == "mma" and not possible:
+        trace("INT4JIT_KERNEL=mma: %s on %s cannot use the tensor-core kernel; gemv.hip serves it", shape.key(), arch)
+    return possible
 
 
 def _classic_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
@@ -170,7 +181,7 @@ _memo_lock = threading.Lock()
 
 def compile_gemv(shape: GemvShape, cfg: LaunchConfig, arch: str) -> CompiledKernel:
     """The compiled kernel for (shape, cfg, arch), from memory, disk, or the compiler."""
-    memo_key = (shape, cfg, arch)
+    memo_key = (shape, cfg, arch, uses_tensor_cores(shape, arch))
     hit = _memo.get(memo_key)
     if hit is not None:
         return hit

@@ -11,6 +11,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "INT4JIT_TUNE": ("INT4JIT_TUNE",),
     "INT4JIT_BACKEND": ("INT4JIT_BACKEND",),
     "INT4JIT_CACHE_DIR": ("INT4JIT_CACHE_DIR",),
+    "INT4JIT_KERNEL": ("INT4JIT_KERNEL",),
 }
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -36,7 +36,7 @@ _lock = threading.Lock()
 def load_kernel(device, shape: GemvShape, cfg: LaunchConfig) -> Kernel:
     """Compile (or fetch from cache) and load the kernel; a cached code object that the
     driver rejects is deleted and rebuilt once."""
-    key = (id(device), shape, cfg)
+    key = (id(device), shape, cfg, compiler.uses_tensor_cores(shape, device.arch))
     k = _loaded.get(key)
     if k is not None:
         return k

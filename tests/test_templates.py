@@ -101,3 +101,15 @@ def test_every_group_renders():
 def test_template_hash_is_stable_and_short():
     assert compiler.template_hash() == compiler.template_hash()
     assert re.fullmatch(r"[0-9a-f]{16}", compiler.template_hash())
+
+
+def test_kernel_choice_from_the_environment(monkeypatch):
+    shape, cfg = GemvShape(4096, 4096, 128, False), LaunchConfig(256, 2)
+    monkeypatch.setenv("INT4JIT_KERNEL", "simt")
+    assert compiler.kernel_geometry(shape, cfg, "sm_90").template == "gemv.hip"
+    monkeypatch.setenv("INT4JIT_KERNEL", "MMA")
+    assert compiler.kernel_geometry(shape, cfg, "sm_90").template == "gemv_mma.hip"
+    assert compiler.kernel_geometry(shape, cfg, "gfx90a").template == "gemv.hip"  # where it cannot run
+    monkeypatch.setenv("INT4JIT_KERNEL", "tensor")
+    with pytest.raises(ValueError, match="INT4JIT_KERNEL='tensor': expected one of auto, mma, simt"):
+        compiler.kernel_geometry(shape, cfg, "sm_90")
