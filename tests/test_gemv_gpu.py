@@ -71,6 +71,29 @@ def test_every_grid_point(cfg, N, K, group):
     assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
 
 
+MMA_CASES = [(N, K, g, sym) for N in (1, 7, 4097) for K in (32, 96, 4096, 17920) for g in SUPPORTED_GROUPS
+             for sym in (True, False) if K % g == 0]
+
+
+@pytest.mark.parametrize("N,K,group,symmetric", MMA_CASES)
+def test_tensor_core_kernel_against_reference(N, K, group, symmetric, monkeypatch):
+    """The opt-in tensor-core kernel (INT4JIT_KERNEL=mma) computes the same function."""
+    monkeypatch.setenv("INT4JIT_KERNEL", "mma")
+    monkeypatch.setenv("INT4JIT_TUNE", "0")
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, N, K, group, symmetric)
+    assert rel_error(run_torch(x, w, s, z), chunked_reference(x, w, s, z)) <= TOL
+
+
+@pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
+def test_tensor_core_kernel_every_grid_point(cfg, monkeypatch):
+    monkeypatch.setenv("INT4JIT_KERNEL", "mma")
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, 3001, 2080, 16, symmetric=False)
+    y = run_torch(x, w, s, z, config=(cfg.BS, cfg.TN))
+    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
+
+
 def test_numpy_in_numpy_out():
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, 896, 4864, 32, False)

@@ -32,8 +32,9 @@ def _fresh_launch_memo():
 
 
 @pytest.mark.parametrize("N,per_sm", [(28672, 3), (128256, 2), (100, 4)])
-def test_persistent_kernel_gets_the_resident_grid(N, per_sm):
+def test_persistent_kernel_gets_the_resident_grid(N, per_sm, monkeypatch):
     require_compiler("cuda")
+    monkeypatch.setenv("INT4JIT_KERNEL", "mma")
     shape, cfg = GemvShape(N, 4096, 128, False), LaunchConfig(256, 2)
     dev = StandInDevice("sm_90", per_sm=per_sm)
     k = launch.load_kernel(dev, shape, cfg)
@@ -45,8 +46,8 @@ def test_persistent_kernel_gets_the_resident_grid(N, per_sm):
 def test_cuda_core_kernel_gets_one_block_per_row_block():
     require_compiler("cuda")
     shape, cfg = GemvShape(5000, 4096, 128, False), LaunchConfig(128, 4)
-    k = launch.load_kernel(StandInDevice("sm_75"), shape, cfg)  # sm_75: no tensor-core kernel
-    geo = compiler.kernel_geometry(shape, cfg, "sm_75")
+    k = launch.load_kernel(StandInDevice("sm_90"), shape, cfg)  # the default kernel
+    geo = compiler.kernel_geometry(shape, cfg, "sm_90")
     assert not geo.persistent and k.grid == geo.grid == -(-5000 // geo.rows_per_block)
 
 

@@ -11,7 +11,9 @@ ARCHS = ["sm_80", "sm_90", "gfx90a", "gfx1030", "gfx900", "gfx1151"]
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("cfg", candidate_grid(True), ids=str)
-def test_every_grid_point_renders_completely(arch, cfg):
+@pytest.mark.parametrize("kernel", ["auto", "mma"])
+def test_every_grid_point_renders_completely(arch, cfg, kernel, monkeypatch):
+    monkeypatch.setenv("INT4JIT_KERNEL", kernel)
     shape = GemvShape(4096, 4096, 128, False)
     name, src = compiler.render_gemv_source(shape, cfg, arch)
     assert "${" not in src and "$" not in src
@@ -60,7 +62,8 @@ def test_geometry_covers_every_row_and_chunk(N, K, cfg):
 @pytest.mark.parametrize("N", [1, 7, 896, 4097, 11008])
 @pytest.mark.parametrize("K", [32, 96, 896, 4096, 14336])
 @pytest.mark.parametrize("cfg", candidate_grid(True), ids=str)
-def test_tensor_core_geometry_covers_every_row_and_step(N, K, cfg):
+def test_tensor_core_geometry_covers_every_row_and_step(N, K, cfg, monkeypatch):
+    monkeypatch.setenv("INT4JIT_KERNEL", "mma")
     shape = GemvShape(N, K, 32, False)
     geo = compiler.kernel_geometry(shape, cfg, "sm_90")
     assert geo.template == "gemv_mma.hip" and geo.persistent and geo.block == cfg.BS
@@ -84,7 +87,9 @@ def test_tensor_core_geometry_covers_every_row_and_step(N, K, cfg):
     ("sm_90", 4112, 16, "gemv.hip"),           # K % 32 != 0: 8-byte loads
     ("sm_90", 65536, 128, "gemv.hip"),         # x does not fit in shared memory
     ("gfx90a", 4096, 128, "gemv.hip")])
-def test_template_choice(arch, K, group, template):
+def test_template_choice(arch, K, group, template, monkeypatch):
+    assert compiler.kernel_geometry(GemvShape(64, K, group, False), LaunchConfig(128, 4), arch).template == "gemv.hip"
+    monkeypatch.setenv("INT4JIT_KERNEL", "mma")  # the default is gemv.hip; where can mma run?
     geo = compiler.kernel_geometry(GemvShape(64, K, group, False), LaunchConfig(128, 4), arch)
     assert geo.template == template
     _, src = compiler.render_gemv_source(GemvShape(64, K, group, False), LaunchConfig(128, 4), arch)

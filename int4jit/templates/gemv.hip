@@ -71,13 +71,6 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     const int lane = tid % KT;
     const int rg = tid / KT;
     const long long row0 = (long long)blockIdx.x * ROWS_PER_BLOCK + (long long)rg * TN;
-    {   // the block's rows are contiguous: ask L2 for all of them (and their scales, zeros) at once
-        const long long first = (long long)blockIdx.x * ROWS_PER_BLOCK;
-        const long long nrows = N - first < ROWS_PER_BLOCK ? N - first : ROWS_PER_BLOCK;
-        prefetch_l2_span(w + first * ROW_BYTES, nrows * ROW_BYTES, tid, BS);
-        if (tid == 0) prefetch_l2_span(scales + first * NG, nrows * NG * 2, 0, 1);
-        if (!SYMMETRIC && tid == 0) prefetch_l2_span(zeros + first * NG, nrows * NG, 0, 1);
-    }
 
     // Rows past N read row N-1 (always valid) and are never stored.
     long long rows[TN];

@@ -43,17 +43,6 @@ static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
 static_assert(WARPS % KSPLIT == 0, "KSPLIT must divide WARPS");
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element words");
 
-// A row block's weights (and its scales and zeros) are contiguous: ask L2 for all of them at
-// once, so the loads that follow find them there or on their way, however few registers hold.
-__device__ __forceinline__ void prefetch_rows(const u8* w, const u16* scales, const u8* zeros,
-                                              long long blk, int tid) {
-    const long long first = blk * ROWS_PER_BLOCK;
-    const long long rows = N - first < ROWS_PER_BLOCK ? N - first : ROWS_PER_BLOCK;
-    prefetch_l2_span(w + first * ROW_BYTES, rows * ROW_BYTES, tid, BS);
-    if (tid == 0) prefetch_l2_span(scales + first * NG, rows * NG * 2, 0, 1);
-    if (!SYMMETRIC && tid == 0) prefetch_l2_span(zeros + first * NG, rows * NG, 0, 1);
-}
-
 extern "C" __global__ void __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
@@ -61,7 +50,6 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     __shared__ float xsum[PAD_CHUNKS][2][SEGS];
     u32* xs = (u32*)xs4;
     const int tid = threadIdx.x;
-    if (blockIdx.x < ROW_BLOCKS) prefetch_rows(w, scales, zeros, blockIdx.x, tid);
 
     // Stage x: chunk c, word j (elements 8j..8j+7 of the chunk) becomes the low-nibble pairs
     // (x0,x4) (x2,x6) at xs[16c + 2j], the high-nibble pairs (x1,x5) (x3,x7) at xs[16c + 8 + 2j].
@@ -105,7 +93,6 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     const float offset = high ? 64.0f : 1024.0f;
 
     for (long long blk = blockIdx.x; blk < ROW_BLOCKS; blk += gridDim.x) {
-        if (blk + gridDim.x < ROW_BLOCKS) prefetch_rows(w, scales, zeros, blk + gridDim.x, tid);
         const long long row0 = blk * ROWS_PER_BLOCK + (long long)wt * WARP_ROWS;
         // Rows past N read row N-1 (always valid) and are never stored.
         long long rows[TW][2];

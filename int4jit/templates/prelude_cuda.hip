@@ -67,16 +67,3 @@ __device__ __forceinline__ void mma_16816(float d[4], u32 a0, u32 a1, u32 a2, u3
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-
-// Ask L2 for bytes [p, p + n) ahead of the loads that read them; thread `part` of `parts`
-// takes its share in 4 KB pieces. The bulk prefetch exists from sm_90 on; before, a no-op.
-__device__ __forceinline__ void prefetch_l2_span(const void* p, long long n, int part, int parts) {
-#if __CUDA_ARCH__ >= 900
-    const unsigned long long a = (unsigned long long)p;
-    const unsigned long long start = a & ~15ull, end = (a + n + 15) & ~15ull;
-    for (unsigned long long o = start + 4096ull * part; o < end; o += 4096ull * parts) {
-        const unsigned size = end - o < 4096 ? (unsigned)(end - o) : 4096u;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(o), "r"(size) : "memory");
-    }
-#endif
-}

@@ -53,6 +53,3 @@ __device__ __forceinline__ dot_acc_t dot2(dot_acc_t acc, u32 w, u32 x) {
 }
 #endif
 __device__ __forceinline__ float dot_finish(dot_acc_t acc) { return acc; }
-
-// L2 prefetch of a span ahead of its loads: no AMD counterpart used yet (a no-op).
-__device__ __forceinline__ void prefetch_l2_span(const void* p, long long n, int part, int parts) {}
