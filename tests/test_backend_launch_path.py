@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from int4jit.backends import _args, _common, cuda, hip
+from int4jit.backends import _args, cuda, hip
 from int4jit.backends._args import PackedArgs
 from int4jit.errors import DriverError
 
@@ -71,7 +71,6 @@ def fake_hip(monkeypatch):
     fake.hipStreamCaptureMode = type("M", (), {"hipStreamCaptureModeRelaxed": 2})
     fake.hipError_t = Status
     monkeypatch.setattr(hip, "_hip", lambda: fake)
-    monkeypatch.setattr(hip, "c_launcher", lambda libs, symbol: (None, "test: the binding's launch"))
     return fake, seen
 
 
@@ -99,7 +98,6 @@ def fake_cuda(monkeypatch):
     fake.CUstreamCaptureMode = type("M", (), {"CU_STREAM_CAPTURE_MODE_RELAXED": 2})
     fake.CUresult = Status
     monkeypatch.setattr(cuda, "_driver", lambda: fake)
-    monkeypatch.setattr(cuda, "c_launcher", lambda libs, symbol: (None, "test: the binding's launch"))
     return fake, seen
 
 
@@ -165,37 +163,14 @@ def test_hip_default_stream_is_passed_as_null(fake_hip):
     assert seen["launch"][8] is None  # hip-python takes None for the null stream
 
 
+
 @pytest.mark.parametrize("backend", ["hip", "cuda"])
-def test_c_launch_entry_point_gets_the_same_arguments(backend, fake_hip, fake_cuda, monkeypatch):
-    """The ctypes launch (the fast path) through a real C callback with the driver's signature:
-    the handle, geometry, stream and the argument block arrive as the binding path sends them."""
-    mod = hip if backend == "hip" else cuda
-    seen, status = {}, [0]
-
-    def entry(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
-        seen["call"] = (f, gx, gy, gz, bx, by, bz, shmem, stream)
-        seen["args"] = decode_hip_extra(extra) if backend == "hip" else decode_cuda_params(params, 5)
-        seen["other"] = params if backend == "hip" else extra
-        return status[0]
-
-    c_entry = ctypes.CFUNCTYPE(ctypes.c_int, *_common._LAUNCH_ARGTYPES)(entry)
-    monkeypatch.setattr(mod, "c_launcher", lambda libs, symbol: (c_entry, ""))
-    dev = mod.Device(0)
+def test_occupancy_query_names_the_function_and_block(backend, fake_hip, fake_cuda):
+    fake = (fake_hip if backend == "hip" else fake_cuda)[0]
+    call = ("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor" if backend == "hip"
+            else "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    fake.overrides[call] = lambda fn, block, smem: (Status(0), 3 if block == 256 and smem == 0 else 0)
+    dev = (hip if backend == "hip" else cuda).Device(0)
     _, fn = dev.load(b"x", "k")
-    ptrs = [0x7F0000001000 + 0x100 * i for i in range(5)]
-    dev.launch(fn, 4096, 128, PackedArgs(ptrs), 0x5000)
-    assert seen["call"] == (fn, 4096, 1, 1, 128, 1, 1, 0, 0x5000)
-    assert seen["args"] == ptrs and seen["other"] is None
-    dev.launch(fn, 1, 64, PackedArgs(ptrs), 0)
-    assert seen["call"][8] is None  # the null stream
-    status[0] = 98
-    call = "hipModuleLaunchKernel" if backend == "hip" else "cuLaunchKernel"
-    with pytest.raises(DriverError, match=f"{call} failed with ERROR_98"):
-        dev.launch(fn, 1, 64, PackedArgs(ptrs), 0)
-
-
-def test_c_launcher_reports_why_it_is_missing():
-    fn, why = _common.c_launcher(("libint4jit-no-such-driver.so",), "cuLaunchKernel")
-    assert fn is None and "libint4jit-no-such-driver.so" in why
-    fn, why = _common.c_launcher(("libc.so.6",), "int4jitNoSuchEntryPoint")
-    assert fn is None and "has no int4jitNoSuchEntryPoint" in why
+    assert dev.blocks_per_sm(fn, 256) == 3
+    assert (call, (fn, 256, 0)) in fake.calls

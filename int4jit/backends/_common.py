@@ -1,7 +1,6 @@
-"""Pieces both backends share: the checked-call helper, the C launch entry point, event timing."""
+"""Pieces both backends share: the checked-call helper and event timing."""
 from __future__ import annotations
 
-import ctypes
 import statistics
 
 from ..errors import DriverError
@@ -24,31 +23,6 @@ def make_check(backend: str):
             return None
         return values[0] if len(values) == 1 else tuple(values)
     return check
-
-
-_LAUNCH_ARGTYPES = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-
-
-def c_launcher(libraries, symbol: str):
-    """(function, '') for the driver's launch call through ctypes, or (None, why).
-    cuLaunchKernel and hipModuleLaunchKernel share one signature: (function, grid xyz, block
-    xyz, shared bytes, stream, kernelParams, extra). Called this way a launch costs about a
-    microsecond of Python, against several through a binding's argument conversion."""
-    reasons = []
-    for name in libraries:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError as e:
-            reasons.append(f"{name}: {e}")
-            continue
-        fn = getattr(lib, symbol, None)
-        if fn is None:
-            reasons.append(f"{name} has no {symbol}")
-            continue
-        fn.restype = ctypes.c_int
-        fn.argtypes = _LAUNCH_ARGTYPES
-        return fn, ""
-    return None, "; ".join(reasons) or "no library named"
 
 
 def median_event_ms(events, run, repeats: int) -> float:

@@ -8,9 +8,8 @@ import threading
 import numpy as np
 
 from ..errors import BackendUnavailable, CompileError, DriverError
-from ..trace import trace
 from ._args import PackedArgs
-from ._common import c_launcher, make_check, median_event_ms, status_name
+from ._common import make_check, median_event_ms, status_name
 
 NAME = "cuda"
 BINARY_KIND = "cubin"
@@ -117,9 +116,6 @@ class Device:
         raw = check(drv.cuDeviceGetName(256, self._dev), "cuDeviceGetName")
         self.name = raw.split(b"\0", 1)[0].decode()
         self.has_dot2 = False
-        self._c_launch, why = c_launcher(("libcuda.so.1", "libcuda.so"), "cuLaunchKernel")
-        if self._c_launch is None:
-            trace("cuda: launching through cuda-bindings (no C entry point: %s)", why)
 
     def __repr__(self):
         return f"<int4jit cuda device {self.ordinal}: {self.name} ({self.arch}, {self.sm_count} SMs)>"
@@ -141,11 +137,6 @@ class Device:
 
     def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0):
         self.make_current()
-        if self._c_launch is not None:
-            err = self._c_launch(int(fn), grid, 1, 1, block, 1, 1, 0, stream or None, args.params_address, None)
-            if err:
-                raise DriverError(NAME, "cuLaunchKernel", status_name(self._drv.CUresult(err)))
-            return
         (err,) = self._drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
         if int(err) != 0:
             raise DriverError(NAME, "cuLaunchKernel", status_name(err))

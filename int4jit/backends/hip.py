@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import BackendUnavailable, CompileError, DriverError
 from ..trace import trace
 from ._args import PackedArgs
-from ._common import c_launcher, make_check, median_event_ms, status_name
+from ._common import make_check, median_event_ms, status_name
 
 NAME = "hip"
 BINARY_KIND = "hsaco"
@@ -188,11 +188,6 @@ class Device:
         name = props.name
         self.name = name.decode() if isinstance(name, bytes) else str(name)
         self.has_dot2 = self.arch in DOT2_TARGETS
-        root = os.environ.get("ROCM_PATH") or os.environ.get("ROCM_HOME") or "/opt/rocm"
-        self._c_launch, why = c_launcher((os.path.join(root, "lib", "libamdhip64.so"), "libamdhip64.so"),
-                                         "hipModuleLaunchKernel")
-        if self._c_launch is None:
-            trace("hip: launching through hip-python (no C entry point: %s)", why)
 
     def __repr__(self):
         return f"<int4jit hip device {self.ordinal}: {self.name} ({self.full_arch}, {self.sm_count} CUs)>"
@@ -213,11 +208,6 @@ class Device:
     def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0):
         self.make_current()
         # HIP takes arguments as one packed buffer through `extra`.
-        if self._c_launch is not None:
-            err = self._c_launch(int(fn), grid, 1, 1, block, 1, 1, 0, stream or None, None, args.extra_address)
-            if err:
-                raise DriverError(NAME, "hipModuleLaunchKernel", status_name(self._hip.hipError_t(err)))
-            return
         result = self._hip.hipModuleLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream or None,
                                                  None, args.extra_address)
         err = result[0] if isinstance(result, tuple) else result
