@@ -35,3 +35,23 @@ def test_prototype_compiles():
     for arch in ("sm_80", "sm_90"):
         name, src = run_mma_proto.render(GemvShape(4097, 2080, 16, False), 8, 2, 1, 2)
         assert cuda.compile_source(src, name + ".cu", arch, ("-default-device",))[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("kernel", ["simt", "mma"])
+def test_next_ab_patch_still_applies_and_compiles(kernel, monkeypatch):
+    """bench/proto/ab_next.py patches the templates for the issue-barrier experiment: its
+    anchors must still be in the templates, and the patched kernels must compile."""
+    require_compiler("cuda")
+    import ab_next
+    from int4jit import compiler
+    from int4jit.shapes import GemvShape, LaunchConfig
+    real = compiler._read_template
+    monkeypatch.setenv("INT4JIT_KERNEL", kernel)  # restored (unset) after the test
+    try:
+        ab_next.use_variant(True, kernel)
+        c = compiler.compile_gemv(GemvShape(4097, 4096, 128, False), LaunchConfig(128, 4), "sm_90")
+        assert c.binary[:4] == b"\x7fELF"
+        assert "issue_barrier(all)" in compiler.render_gemv_source(GemvShape(64, 256, 32, False), LaunchConfig(64, 2), "sm_90")[1]
+    finally:
+        compiler._read_template = real
+        compiler._memo.clear()

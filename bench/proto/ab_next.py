@@ -1,0 +1,198 @@
+"""A/B experiments prepared for the next device call (issue 4), each in one process:
+
+1. issue barrier: ptxas sinks most weight loads below the first dot products (SASS of the
+   tuned 28672x4096 config, gemv.hip BS=32 TN=8: 3 of 8 LDG.128 issued before the first FFMA;
+   with the barrier all 8 are). A branch on the XOR of every loaded word ends the basic block,
+   so all loads of a step are in flight before any is used. Both kernels, with and without.
+2. eager launch: cuLaunchKernel through cuda-bindings (the library's path) against a ctypes
+   prototype of libcuda's entry point, wall time per call from Python, same kernel and args.
+
+    python3 bench/proto/ab_next.py            # GPU: correctness + timing table
+    python3 bench/proto/ab_next.py --sass     # CPU: where the loads issue, with and without
+"""
+import argparse
+import ctypes
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from int4jit import compiler, launch, reference, tuner  # noqa: E402
+from int4jit.shapes import GemvShape, LaunchConfig  # noqa: E402
+
+BARRIER_FN = '''
+__device__ __forceinline__ void issue_barrier(u32 v) {
+    if (v == 0x9E3779B9u) asm volatile("nanosleep.u32 0;");
+}
+'''
+SIMT_ANCHOR = '''#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (i0 + u >= ITERS || lane + (i0 + u) * KT >= CHUNKS) continue;'''
+SIMT_BARRIER = '''        {
+            u32 all = 0;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int r = 0; r < TN; ++r)
+#pragma unroll
+                    for (int i = 0; i < VEC / 4; ++i) all ^= wq[u][r][i];
+            issue_barrier(all);
+        }
+'''
+MMA_ANCHOR = '''#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int step = s0 + u * KSPLIT;'''
+MMA_BARRIER = '''            {
+                u32 all = 0;
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                    for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) all ^= wq[u][tw][i / 4][i % 4];
+                issue_barrier(all);
+            }
+'''
+
+
+_REAL_READ = compiler._read_template.__wrapped__
+
+
+def patched_templates(barrier: bool):
+    real = _REAL_READ
+
+    def read(name):
+        text = real(name)
+        if not barrier:
+            return text
+        if name == "prelude_cuda.hip":
+            return text + BARRIER_FN
+        if name == compiler.TEMPLATE_CLASSIC:
+            assert SIMT_ANCHOR in text
+            return text.replace(SIMT_ANCHOR, SIMT_BARRIER + SIMT_ANCHOR)
+        if name == compiler.TEMPLATE_MMA:
+            assert MMA_ANCHOR in text
+            return text.replace(MMA_ANCHOR, MMA_BARRIER + MMA_ANCHOR)
+        return text
+    return read
+
+
+def use_variant(barrier: bool, kernel: str):
+    compiler._read_template = patched_templates(barrier)
+    os.environ["INT4JIT_KERNEL"] = kernel
+    compiler._memo.clear()
+    launch._loaded.clear()
+
+
+def sass_check(cuobjdump):
+    import subprocess
+    import tempfile
+    for kernel, cfg in [("simt", LaunchConfig(32, 8)), ("simt", LaunchConfig(64, 4)), ("mma", LaunchConfig(128, 2))]:
+        for barrier in (False, True):
+            use_variant(barrier, kernel)
+            c = compiler.compile_gemv(GemvShape(28672, 4096, 128, False), cfg, "sm_90")
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(c.binary)
+                f.flush()
+                sass = subprocess.run([cuobjdump, "--dump-sass", f.name], capture_output=True, text=True).stdout
+            ops = re.findall(r"\b(LDG\.E\.NA\.128\S*|FFMA|HMMA\S*)", sass)
+            first = next(i for i, o in enumerate(ops) if not o.startswith("LDG"))
+            print(f"{kernel} {cfg} barrier={barrier}: {ops[:first].count('LDG.E.NA.128.CONSTANT')} of "
+                  f"{sum(o.startswith('LDG') for o in ops)} weight loads issued before the first use")
+
+
+def gpu_run():
+    import torch
+    from int4jit import backends
+    dev = backends.device()
+    rng = np.random.default_rng()
+    print("correctness (both kernels, both variants):")
+    for N, K, g, sym in [(4097, 4096, 128, False), (1000, 2080, 16, True), (7, 896, 32, False)]:
+        shape = GemvShape(N, K, g, sym)
+        x, w, s, z = reference.random_problem(shape, rng)
+        ref = reference.reference_gemv(x, w, s, z)
+        t = [None if a is None else torch.from_numpy(a).cuda() for a in (x, w, s, z)]
+        for kernel in ("simt", "mma"):
+            for barrier in (False, True):
+                use_variant(barrier, kernel)
+                for cfg in (LaunchConfig(32, 8), LaunchConfig(128, 2), LaunchConfig(256, 4)):
+                    out = torch.full((N,), float("nan"), dtype=torch.float16, device="cuda")
+                    launch.load_kernel(dev, shape, cfg)(*(0 if a is None else a.data_ptr() for a in t), out.data_ptr())
+                    torch.cuda.synchronize()
+                    y = out.cpu().numpy().astype(np.float64)
+                    err = np.linalg.norm(y - ref) / np.linalg.norm(ref) if np.isfinite(y).all() else float("inf")
+                    assert err < 2e-3, (shape, kernel, barrier, cfg, err)
+    print("  all within 2e-3")
+    print(f"{'shape':>24s} {'kernel':>5s} {'no barrier':>11s} {'barrier':>9s}  (best of grid, us)")
+    for N, K, g in [(28672, 4096, 128), (128256, 4096, 128), (4096, 4096, 128), (4096, 14336, 128),
+                    (28672, 4096, 32), (2048, 2048, 128)]:
+        shape = GemvShape(N, K, g, False)
+        bufs = tuner.BenchBuffers(dev, shape)
+        stream = dev.create_stream()
+        try:
+            for kernel in ("simt", "mma"):
+                best = {}
+                for barrier in (False, True):
+                    use_variant(barrier, kernel)
+                    best[barrier] = min(tuner.time_kernel(launch.load_kernel(dev, shape, c), bufs, stream)
+                                        for c in tuner.candidate_grid(True))
+                print(f"{shape.key():>24s} {kernel:>5s} {best[False]:9.2f}us {best[True]:7.2f}us", flush=True)
+        finally:
+            dev.destroy_stream(stream)
+            bufs.free()
+    eager_ab(dev)
+
+
+def eager_ab(dev):
+    """Per-call wall time of one launch from Python: the bindings' cuLaunchKernel vs ctypes."""
+    import torch
+    from int4jit.backends._args import PackedArgs
+    use_variant(False, "simt")
+    shape = GemvShape(4096, 4096, 128, False)
+    k = launch.load_kernel(dev, shape, tuner.select_config(shape, dev.arch, None).config)
+    x, w, s, z = reference.random_problem(shape)
+    t = [torch.from_numpy(a).cuda() for a in (x, w, s, z)] + [torch.empty(4096, dtype=torch.float16, device="cuda")]
+    args = PackedArgs([a.data_ptr() for a in t])
+    stream = torch.cuda.current_stream().cuda_stream
+    lib = ctypes.CDLL("libcuda.so.1")
+    c_launch = lib.cuLaunchKernel
+    c_launch.restype = ctypes.c_int
+    c_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    fn = int(k.function)
+
+    def via_bindings():
+        k.launch_packed(args, stream)
+
+    def via_ctypes():
+        if c_launch(fn, k.grid, 1, 1, k.block, 1, 1, 0, stream or None, args.params_address, None):
+            raise RuntimeError("cuLaunchKernel failed")
+
+    def gemv_call():
+        import int4jit
+        int4jit.gemv(t[0], t[1], t[2], t[3], out=t[4])
+
+    for name, fn_ in [("bindings", via_bindings), ("ctypes", via_ctypes), ("int4jit.gemv", gemv_call)]:
+        runs = []
+        for _ in range(5):
+            fn_()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                fn_()
+            torch.cuda.synchronize()
+            runs.append((time.perf_counter() - t0) / 2000 * 1e6)
+        print(f"eager {name:>13s}: {statistics.median(runs):6.2f} us/call (launch only, GPU time 4096x4096 "
+              f"~6 us)", flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sass", metavar="CUOBJDUMP", nargs="?", const="cuobjdump")
+    a = ap.parse_args()
+    sass_check(a.sass) if a.sass else gpu_run()
