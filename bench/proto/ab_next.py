@@ -1,6 +1,6 @@
 """A/B experiments prepared for the next device call (issue 4), each in one process:
 
-1. issue barrier: ptxas sinks most weight loads below the first dot products (SASS of the
+1. issue barrier (and, with it, twice the loads per step: UNROLL cap 16 // TN): ptxas sinks most weight loads below the first dot products (SASS of the
    tuned 28672x4096 config, gemv.hip BS=32 TN=8: 3 of 8 LDG.128 issued before the first FFMA;
    with the barrier all 8 are). A branch on the XOR of every loaded word ends the basic block,
    so all loads of a step are in flight before any is used. Both kernels, with and without.
@@ -62,6 +62,22 @@ MMA_BARRIER = '''            {
 
 
 _REAL_READ = compiler._read_template.__wrapped__
+_REAL_CLASSIC = compiler._classic_geometry
+
+
+def classic_geometry_cap(cap: int):
+    """gemv.hip's geometry with UNROLL = min(iters, cap // TN) (shipped: cap 8)."""
+    def geo(shape, cfg):
+        g = _REAL_CLASSIC(shape, cfg)
+        params = dict(g.params)
+        chunks = shape.K // (2 * params["VEC"])
+        iters = -(-chunks // params["KT"])
+        unroll = max(1, min(iters, cap // cfg.TN))
+        params["UNROLL"] = unroll
+        return compiler.KernelGeometry(g.template, tuple(params.items()), g.rows_per_block, g.grid, g.block,
+                                       g.persistent, g.k_efficiency, cfg.TN * unroll * params["VEC"],
+                                       g.thread_bytes, g.rows_per_thread, g.regs)
+    return geo
 
 
 def patched_templates(barrier: bool):
@@ -83,8 +99,9 @@ def patched_templates(barrier: bool):
     return read
 
 
-def use_variant(barrier: bool, kernel: str):
+def use_variant(barrier: bool, kernel: str, cap: int = 8):
     compiler._read_template = patched_templates(barrier)
+    compiler._classic_geometry = classic_geometry_cap(cap)
     os.environ["INT4JIT_KERNEL"] = kernel
     compiler._memo.clear()
     launch._loaded.clear()
@@ -93,9 +110,12 @@ def use_variant(barrier: bool, kernel: str):
 def sass_check(cuobjdump):
     import subprocess
     import tempfile
-    for kernel, cfg in [("simt", LaunchConfig(32, 8)), ("simt", LaunchConfig(64, 4)), ("mma", LaunchConfig(128, 2))]:
-        for barrier in (False, True):
-            use_variant(barrier, kernel)
+    for kernel, cfg in [("simt", LaunchConfig(32, 8)), ("simt", LaunchConfig(64, 4)), ("simt", LaunchConfig(256, 2)),
+                        ("mma", LaunchConfig(128, 2))]:
+        for barrier, cap in ((False, 8), (True, 8), (True, 16)):
+            if kernel == "mma" and cap == 16:
+                continue
+            use_variant(barrier, kernel, cap)
             c = compiler.compile_gemv(GemvShape(28672, 4096, 128, False), cfg, "sm_90")
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(c.binary)
@@ -103,7 +123,7 @@ def sass_check(cuobjdump):
                 sass = subprocess.run([cuobjdump, "--dump-sass", f.name], capture_output=True, text=True).stdout
             ops = re.findall(r"\b(LDG\.E\.NA\.128\S*|FFMA|HMMA\S*)", sass)
             first = next(i for i, o in enumerate(ops) if not o.startswith("LDG"))
-            print(f"{kernel} {cfg} barrier={barrier}: {ops[:first].count('LDG.E.NA.128.CONSTANT')} of "
+            print(f"{kernel} {cfg} barrier={barrier} cap={cap}: {ops[:first].count('LDG.E.NA.128.CONSTANT')} of "
                   f"{sum(o.startswith('LDG') for o in ops)} weight loads issued before the first use")
 
 
@@ -118,18 +138,19 @@ def gpu_run():
         x, w, s, z = reference.random_problem(shape, rng)
         ref = reference.reference_gemv(x, w, s, z)
         t = [None if a is None else torch.from_numpy(a).cuda() for a in (x, w, s, z)]
-        for kernel in ("simt", "mma"):
-            for barrier in (False, True):
-                use_variant(barrier, kernel)
+        for kernel, barrier, cap in [("simt", False, 8), ("simt", True, 8), ("simt", True, 16),
+                                     ("mma", False, 8), ("mma", True, 8)]:
+            if True:
+                use_variant(barrier, kernel, cap)
                 for cfg in (LaunchConfig(32, 8), LaunchConfig(128, 2), LaunchConfig(256, 4)):
                     out = torch.full((N,), float("nan"), dtype=torch.float16, device="cuda")
                     launch.load_kernel(dev, shape, cfg)(*(0 if a is None else a.data_ptr() for a in t), out.data_ptr())
                     torch.cuda.synchronize()
                     y = out.cpu().numpy().astype(np.float64)
                     err = np.linalg.norm(y - ref) / np.linalg.norm(ref) if np.isfinite(y).all() else float("inf")
-                    assert err < 2e-3, (shape, kernel, barrier, cfg, err)
+                    assert err < 2e-3, (shape, kernel, barrier, cap, cfg, err)
     print("  all within 2e-3")
-    print(f"{'shape':>24s} {'kernel':>5s} {'no barrier':>11s} {'barrier':>9s}  (best of grid, us)")
+    print(f"{'shape':>24s} {'kernel':>5s} {'no barrier':>11s} {'barrier':>9s} {'barrier+16':>10s}  (best of 20-point grid, us)")
     for N, K, g in [(28672, 4096, 128), (128256, 4096, 128), (4096, 4096, 128), (4096, 14336, 128),
                     (28672, 4096, 32), (2048, 2048, 128)]:
         shape = GemvShape(N, K, g, False)
@@ -138,11 +159,16 @@ def gpu_run():
         try:
             for kernel in ("simt", "mma"):
                 best = {}
-                for barrier in (False, True):
-                    use_variant(barrier, kernel)
-                    best[barrier] = min(tuner.time_kernel(launch.load_kernel(dev, shape, c), bufs, stream)
+                for variant in ((False, 8), (True, 8), (True, 16)):
+                    if kernel == "mma" and variant[1] == 16:
+                        continue
+                    use_variant(variant[0], kernel, variant[1])
+                    tuner._compile_all(shape, tuner.candidate_grid(True), dev.arch)  # in parallel
+                    best[variant] = min(tuner.time_kernel(launch.load_kernel(dev, shape, c), bufs, stream)
                                         for c in tuner.candidate_grid(True))
-                print(f"{shape.key():>24s} {kernel:>5s} {best[False]:9.2f}us {best[True]:7.2f}us", flush=True)
+                b16 = f"{best[(True, 16)]:8.2f}us" if (True, 16) in best else f"{'':>10s}"
+                print(f"{shape.key():>24s} {kernel:>5s} {best[(False, 8)]:9.2f}us {best[(True, 8)]:7.2f}us {b16}",
+                      flush=True)
         finally:
             dev.destroy_stream(stream)
             bufs.free()
