@@ -1,5 +1,6 @@
 """The tensor-core kernel (templates/gemv_mma.hip, issue 4): its lane/fragment mapping, emulated with the
 PTX ISA's documented m16n8k16 layouts, computes the GEMV; and it compiles for sm_80/sm_90."""
+import os
 import sys
 from pathlib import Path
 
@@ -55,3 +56,20 @@ def test_next_ab_patch_still_applies_and_compiles(kernel, monkeypatch):
     finally:
         compiler._read_template = real
         compiler._memo.clear()
+
+
+def test_next_ab_pdl_variant_compiles():
+    require_compiler("cuda")
+    import ab_next
+    from int4jit import compiler
+    from int4jit.shapes import GemvShape, LaunchConfig
+    real = compiler._read_template
+    try:
+        ab_next.use_pdl_template()
+        shape, cfg = GemvShape(2048, 2048, 128, False), LaunchConfig(64, 4)
+        assert compiler.render_gemv_source(shape, cfg, "sm_90")[1].count("griddepcontrol.") == 2
+        assert compiler.compile_gemv(shape, cfg, "sm_90").binary[:4] == b"\x7fELF"
+    finally:
+        compiler._read_template = real
+        compiler._memo.clear()
+        os.environ.pop("INT4JIT_KERNEL", None)
