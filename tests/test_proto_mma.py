@@ -1,6 +1,5 @@
 """The tensor-core kernel (templates/gemv_mma.hip, issue 4): its lane/fragment mapping, emulated with the
 PTX ISA's documented m16n8k16 layouts, computes the GEMV; and it compiles for sm_80/sm_90."""
-import os
 import sys
 from pathlib import Path
 
@@ -55,11 +54,13 @@ def test_next_ab_patch_still_applies_and_compiles(kernel, monkeypatch):
         assert "issue_barrier(all)" in compiler.render_gemv_source(GemvShape(64, 256, 32, False), LaunchConfig(64, 2), "sm_90")[1]
     finally:
         compiler._read_template = real
+        compiler._classic_geometry = ab_next._REAL_CLASSIC
         compiler._memo.clear()
 
 
-def test_next_ab_pdl_variant_compiles():
+def test_next_ab_pdl_variant_compiles(monkeypatch):
     require_compiler("cuda")
+    monkeypatch.setenv("INT4JIT_KERNEL", "simt")  # restored (unset) after the test
     import ab_next
     from int4jit import compiler
     from int4jit.shapes import GemvShape, LaunchConfig
@@ -71,5 +72,5 @@ def test_next_ab_pdl_variant_compiles():
         assert compiler.compile_gemv(shape, cfg, "sm_90").binary[:4] == b"\x7fELF"
     finally:
         compiler._read_template = real
+        compiler._classic_geometry = ab_next._REAL_CLASSIC
         compiler._memo.clear()
-        os.environ.pop("INT4JIT_KERNEL", None)
