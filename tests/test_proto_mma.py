@@ -74,3 +74,22 @@ def test_next_ab_pdl_variant_compiles(monkeypatch):
         compiler._read_template = real
         compiler._classic_geometry = ab_next._REAL_CLASSIC
         compiler._memo.clear()
+
+
+@pytest.mark.parametrize("K", [4096, 2064])  # 16- and 8-byte weight loads
+def test_next_ab_cpasync_variant_compiles(K, monkeypatch):
+    require_compiler("cuda")
+    import ab_next
+    from int4jit import compiler
+    from int4jit.shapes import GemvShape, LaunchConfig
+    monkeypatch.setenv("INT4JIT_KERNEL", "simt")  # restored (unset) after the test
+    real = compiler._read_template
+    try:
+        ab_next.use_cpasync_template()
+        shape, cfg = GemvShape(1000, K, 16, False), LaunchConfig(64, 8)
+        assert "cp.async.commit_group" in compiler.render_gemv_source(shape, cfg, "sm_90")[1]
+        assert compiler.compile_gemv(shape, cfg, "sm_90").binary[:4] == b"\x7fELF"
+    finally:
+        compiler._read_template = real
+        compiler._classic_geometry = ab_next._REAL_CLASSIC
+        compiler._memo.clear()

@@ -1,6 +1,7 @@
 """A/B experiments prepared for the next device call (issue 4), each in one process:
 
-1. issue barrier (and, with it, twice the loads per step: UNROLL cap 16 // TN): ptxas sinks most weight loads below the first dot products (SASS of the
+1. issue barrier (and, with it, twice the loads per step: UNROLL cap 16 // TN), and the
+   weights through a 4-deep cp.async ring in shared memory instead (gemv.hip): ptxas sinks most weight loads below the first dot products (SASS of the
    tuned 28672x4096 config, gemv.hip BS=32 TN=8: 3 of 8 LDG.128 issued before the first FFMA;
    with the barrier all 8 are). A branch on the XOR of every loaded word ends the basic block,
    so all loads of a step are in flight before any is used. Both kernels, with and without.
@@ -177,6 +178,81 @@ def pdl_ab(dev):
             bufs.free()
 
 
+CP_PRELUDE = """
+// cp.async (sm_80+): 16 or 8 bytes global -> shared without a register, completed by groups.
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, int bytes) {
+    unsigned long long s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(smem));
+    if (bytes == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((u32)s), "l"(gmem) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"((u32)s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(PENDING) : "memory");
+}
+"""
+CP_LOOP_OLD = """    for (int i0 = 0; i0 < ITERS; i0 += UNROLL) {
+        u32 wq[UNROLL][TN][VEC / 4];"""
+CP_LOOP_NEW = """    // Weights stream through a CP_STAGES-deep ring in shared memory (each thread its own
+    // slots): CP_STAGES - 1 batches are always in flight, in no register.
+    constexpr int CP_STAGES = 4;
+    constexpr int BATCHES = (ITERS + UNROLL - 1) / UNROLL;
+    __shared__ u32x4 wstage[CP_STAGES][UNROLL][TN][BS];
+    auto issue = [&](int batch) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            int c = lane + (batch * UNROLL + u) * KT;
+            c = c < CHUNKS ? c : CHUNKS - 1;
+#pragma unroll
+            for (int r = 0; r < TN; ++r)
+                cp_async(&wstage[batch % CP_STAGES][u][r][tid], w + rows[r] * ROW_BYTES + (long long)c * VEC, VEC);
+        }
+    };
+#pragma unroll
+    for (int b = 0; b < CP_STAGES - 1; ++b) {
+        if (b < BATCHES) issue(b);
+        cp_async_commit();
+    }
+    for (int i0 = 0; i0 < ITERS; i0 += UNROLL) {
+        {   // refill the slot read one batch ago (its values are consumed), then wait for this batch
+            const int b = i0 / UNROLL + CP_STAGES - 1;
+            if (b < BATCHES) issue(b);
+            cp_async_commit();
+            cp_async_wait<CP_STAGES - 1>();
+        }
+        u32 wq[UNROLL][TN][VEC / 4];"""
+CP_LOAD_OLD = """                const u8* p = w + rows[r] * ROW_BYTES + (long long)c * VEC;
+                if constexpr (VEC == 16) {
+                    const u32x4 v = load_stream16(p);
+                    wq[u][r][0] = v.x; wq[u][r][1] = v.y; wq[u][r][2] = v.z; wq[u][r][3] = v.w;
+                } else {
+                    const u32x2 v = load_stream8(p);
+                    wq[u][r][0] = v.x; wq[u][r][1] = v.y;
+                }"""
+CP_LOAD_NEW = """                const u32x4 v = wstage[(i0 / UNROLL) % CP_STAGES][u][r][tid];
+                wq[u][r][0] = v.x; wq[u][r][1] = v.y;
+                if constexpr (VEC == 16) { wq[u][r][2] = v.z; wq[u][r][3] = v.w; }"""
+
+
+def use_cpasync_template():
+    """gemv.hip with its weights through a cp.async ring (UNROLL 1: the ring is the depth)."""
+    def read(name):
+        text = _REAL_READ(name)
+        if name == "prelude_cuda.hip":
+            return text + CP_PRELUDE
+        if name == compiler.TEMPLATE_CLASSIC:
+            assert CP_LOOP_OLD in text and CP_LOAD_OLD in text
+            text = text.replace(CP_LOOP_OLD, CP_LOOP_NEW).replace(CP_LOAD_OLD, CP_LOAD_NEW)
+        return text
+    compiler._read_template = read
+    compiler._classic_geometry = classic_geometry_cap(1)
+    os.environ["INT4JIT_KERNEL"] = "simt"
+    compiler._memo.clear()
+    launch._loaded.clear()
+
+
 def use_variant(barrier: bool, kernel: str, cap: int = 8):
     compiler._read_template = patched_templates(barrier)
     compiler._classic_geometry = classic_geometry_cap(cap)
@@ -228,9 +304,12 @@ def barrier_correctness(dev):
         ref = reference.reference_gemv(x, w, s, z)
         t = [None if a is None else torch.from_numpy(a).cuda() for a in (x, w, s, z)]
         for kernel, barrier, cap in [("simt", False, 8), ("simt", True, 8), ("simt", True, 16),
-                                     ("mma", False, 8), ("mma", True, 8)]:
-            use_variant(barrier, kernel, cap)
-            for cfg in (LaunchConfig(32, 8), LaunchConfig(128, 2), LaunchConfig(256, 4)):
+                                     ("mma", False, 8), ("mma", True, 8), ("cpasync", False, 1)]:
+            if kernel == "cpasync":
+                use_cpasync_template()
+            else:
+                use_variant(barrier, kernel, cap)
+            for cfg in (LaunchConfig(32, 8), LaunchConfig(128, 2), LaunchConfig(64, 4)):
                 out = torch.full((N,), float("nan"), dtype=torch.float16, device="cuda")
                 launch.load_kernel(dev, shape, cfg)(*(0 if a is None else a.data_ptr() for a in t), out.data_ptr())
                 torch.cuda.synchronize()
@@ -241,7 +320,10 @@ def barrier_correctness(dev):
 
 
 def barrier_timing(dev):
-    print(f"{'shape':>24s} {'kernel':>5s} {'no barrier':>11s} {'barrier':>9s} {'barrier+16':>10s}  (best of 20-point grid, us)")
+    variants = {"plain": lambda k: use_variant(False, k, 8), "barrier": lambda k: use_variant(True, k, 8),
+                "barrier16": lambda k: use_variant(True, k, 16), "cp.async": lambda k: use_cpasync_template()}
+    print(f"{'shape':>24s} {'kernel':>5s} " + " ".join(f"{v:>10s}" for v in variants)
+          + "  (best of the 20-point grid, us; cp.async: gemv.hip only)")
     for N, K, g in [(28672, 4096, 128), (128256, 4096, 128), (4096, 4096, 128), (4096, 14336, 128),
                     (28672, 4096, 32), (2048, 2048, 128)]:
         shape = GemvShape(N, K, g, False)
@@ -250,16 +332,16 @@ def barrier_timing(dev):
         try:
             for kernel in ("simt", "mma"):
                 best = {}
-                for variant in ((False, 8), (True, 8), (True, 16)):
-                    if kernel == "mma" and variant[1] == 16:
+                for name, apply in variants.items():
+                    if kernel == "mma" and name in ("barrier16", "cp.async"):
                         continue
-                    use_variant(variant[0], kernel, variant[1])
-                    tuner._compile_all(shape, tuner.candidate_grid(True), dev.arch)  # in parallel
-                    best[variant] = min(tuner.time_kernel(launch.load_kernel(dev, shape, c), bufs, stream)
-                                        for c in tuner.candidate_grid(True))
-                b16 = f"{best[(True, 16)]:8.2f}us" if (True, 16) in best else f"{'':>10s}"
-                print(f"{shape.key():>24s} {kernel:>5s} {best[(False, 8)]:9.2f}us {best[(True, 8)]:7.2f}us {b16}",
-                      flush=True)
+                    apply(kernel)
+                    compiled = tuner._compile_all(shape, tuner.candidate_grid(True), dev.arch)  # in parallel
+                    times = [tuner.time_kernel(launch.load_kernel(dev, shape, c), bufs, stream)
+                             for c, ok in compiled.items() if ok is not None]  # too much shared memory: dropped
+                    best[name] = min(times)
+                cells = " ".join(f"{best[v]:8.2f}us" if v in best else f"{'':>10s}" for v in variants)
+                print(f"{shape.key():>24s} {kernel:>5s} {cells}", flush=True)
         finally:
             dev.destroy_stream(stream)
             bufs.free()
