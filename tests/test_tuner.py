@@ -360,3 +360,16 @@ def test_every_malformed_variable_is_one_clear_error(monkeypatch, var, value):
         tuner.select_config(GemvShape(1000, 2048, 64, True), "sm_90", FakeDevice())
     assert var in str(info.value) and value in str(info.value)
     assert str(info.value).count(var) == 1
+
+
+def test_heuristic_models_the_tensor_core_kernel_too(monkeypatch):
+    """With INT4JIT_KERNEL=mma the model reads that kernel's geometry: a valid pick for every
+    shape, and not the same efficiencies as for gemv.hip."""
+    shapes = [GemvShape(N, K, 128, False) for N, K in [(896, 896), (4096, 4096), (128256, 4096), (2048, 8192)]]
+    model = tuner.device_model("sm_90")
+    simt = [tuner.estimate_efficiency(s, c, model, "sm_90") for s in shapes for c in candidate_grid(True)]
+    monkeypatch.setenv("INT4JIT_KERNEL", "mma")
+    mma = [tuner.estimate_efficiency(s, c, model, "sm_90") for s in shapes for c in candidate_grid(True)]
+    assert all(0 < e <= 1 for e in mma) and mma != simt
+    for s in shapes:
+        assert tuner.heuristic(s, "sm_90", exhaustive=True) in candidate_grid(True)
