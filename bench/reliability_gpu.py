@@ -54,30 +54,45 @@ def check_cache(cache, expected_keys):
     return missing, bad, tmp, len(entries)
 
 
+# Shapes the shipped table does not hold, so every process tunes (some shapes in several at once).
+CONCURRENT_SETS = ["6000x4096,3000x2048", "6000x4096,2500x4096", "3000x2048,5000x3072", "2500x4096,6000x4096"]
+KILLED_SET = "28672x4096,8192x8192"
+
+
+def keys_of(sets):
+    return {f"{s}/g128/asym" for ss in sets for s in ss.split(",")}
+
+
+def concurrent_tuning(cache):
+    """Four processes tune and warm `cache` at once; (exit codes, outputs, cache check)."""
+    rcs, outs = run_workers(cache, CONCURRENT_SETS)
+    return rcs, outs, check_cache(cache, keys_of(CONCURRENT_SETS))
+
+
+def killed_mid_tune(cache, after_s: float = 4.0):
+    """A process SIGKILLed `after_s` into an exhaustive tune, then a rerun on the same cache;
+    (rerun exit codes, outputs, cache check)."""
+    env = {**os.environ, "INT4JIT_CACHE_DIR": cache, "ORT_MIGRAPHX_EXHAUSTIVE_TUNE": "1"}
+    p = subprocess.Popen([sys.executable, "-c", WORKER.format(root=str(ROOT)), KILLED_SET], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(after_s)  # inside the first exhaustive tune
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    rcs, outs = run_workers(cache, [KILLED_SET])
+    return rcs, outs, check_cache(cache, keys_of([KILLED_SET]))
+
+
 def main():
     with tempfile.TemporaryDirectory() as d:
-        cache = str(Path(d) / "cache")
-        # shapes the shipped table does not hold, so every process tunes (same shapes in several at once)
-        sets = ["6000x4096,3000x2048", "6000x4096,2500x4096", "3000x2048,5000x3072", "2500x4096,6000x4096"]
         t0 = time.perf_counter()
-        rcs, outs = run_workers(cache, sets)
-        keys = {f"{s}/g128/asym" for ss in sets for s in ss.split(",")}
-        missing, bad, tmp, n = check_cache(cache, keys)
+        rcs, outs, (missing, bad, tmp, n) = concurrent_tuning(str(Path(d) / "cache"))
         print(f"4 concurrent tuners: exit codes {rcs}, {time.perf_counter() - t0:.1f} s; DB {n} entries, "
               f"missing {missing}, corrupt code objects {bad}, temp files {tmp}")
         for o in outs:
             print("  " + o.strip().replace("\n", "\n  "))
         ok1 = rcs == [0, 0, 0, 0] and not missing and not bad and not tmp
 
-        cache2 = str(Path(d) / "killed")
-        env = {**os.environ, "INT4JIT_CACHE_DIR": cache2, "ORT_MIGRAPHX_EXHAUSTIVE_TUNE": "1"}
-        p = subprocess.Popen([sys.executable, "-c", WORKER.format(root=str(ROOT)), "28672x4096,8192x8192"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(4.0)  # inside the first exhaustive tune
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        rcs2, outs2 = run_workers(cache2, ["28672x4096,8192x8192"])
-        missing2, bad2, tmp2, n2 = check_cache(cache2, {"28672x4096/g128/asym", "8192x8192/g128/asym"})
+        rcs2, outs2, (missing2, bad2, tmp2, n2) = killed_mid_tune(str(Path(d) / "killed"))
         print(f"after SIGKILL mid-tune: rerun exit {rcs2}, DB {n2} entries, missing {missing2}, corrupt {bad2}, "
               f"temp files left by the killed process {len(tmp2)}")
         print("  " + outs2[0].strip().replace("\n", "\n  "))

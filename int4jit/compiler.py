@@ -83,17 +83,19 @@ def uses_tensor_cores(shape: GemvShape, arch: str) -> bool:
         return False
     traits = backends.module_for_arch(arch).kernel_traits(arch)
     possible = bool(traits.get("TENSOR_CORES")) and shape.K % 32 == 0 and mma_smem_bytes(shape, 16) <= MMA_SMEM_LIMIT
-    if choice == "mma" and not possible:
+    if not possible:
         trace("INT4JIT_KERNEL=mma: %s on %s cannot use the tensor-core kernel; gemv.hip serves it", shape.key(), arch)
     return possible
 
 
-def _classic_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
+def _classic_geometry(shape: GemvShape, cfg: LaunchConfig, unroll_cap: int = 8) -> KernelGeometry:
+    """gemv.hip: KT threads along K; each thread keeps at most `unroll_cap` weight loads
+    (TN rows x UNROLL steps) in flight."""
     vec = 16 if shape.K % 32 == 0 else 8
     chunks = shape.K // (2 * vec)
     kt = min(cfg.BS, _next_pow2(chunks))
     iters = -(-chunks // kt)
-    unroll = max(1, min(iters, 8 // cfg.TN))
+    unroll = max(1, min(iters, unroll_cap // cfg.TN))
     rows_per_block = (cfg.BS // kt) * cfg.TN
     return KernelGeometry(
         TEMPLATE_CLASSIC, (("KT", kt), ("VEC", vec), ("UNROLL", unroll)), rows_per_block,

@@ -16,6 +16,7 @@
 """
 import argparse
 import ctypes
+import functools
 import os
 import re
 import statistics
@@ -71,17 +72,7 @@ _REAL_CLASSIC = compiler._classic_geometry
 
 def classic_geometry_cap(cap: int):
     """gemv.hip's geometry with UNROLL = min(iters, cap // TN) (shipped: cap 8)."""
-    def geo(shape, cfg):
-        g = _REAL_CLASSIC(shape, cfg)
-        params = dict(g.params)
-        chunks = shape.K // (2 * params["VEC"])
-        iters = -(-chunks // params["KT"])
-        unroll = max(1, min(iters, cap // cfg.TN))
-        params["UNROLL"] = unroll
-        return compiler.KernelGeometry(g.template, tuple(params.items()), g.rows_per_block, g.grid, g.block,
-                                       g.persistent, g.k_efficiency, cfg.TN * unroll * params["VEC"],
-                                       g.thread_bytes, g.rows_per_thread, g.regs)
-    return geo
+    return functools.partial(_REAL_CLASSIC, unroll_cap=cap)
 
 
 def patched_templates(barrier: bool):

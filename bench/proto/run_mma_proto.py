@@ -57,10 +57,7 @@ class ProtoKernel:
         self.block = 32 * cfg[0]
         blocks = row_blocks(shape, cfg)
         if persistent:
-            drv = cuda._driver()
-            per_sm = cuda.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, self.block, 0),
-                                "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-            blocks = min(blocks, per_sm * dev.sm_count)
+            blocks = min(blocks, dev.blocks_per_sm(self.function, self.block) * dev.sm_count)
         self.grid = blocks
 
     def __call__(self, x, w, s, z, y, stream=0):
