@@ -19,7 +19,7 @@ from .tuner import Selection, select_config
 from .validate import validate
 
 _ENV_KEYS = (ALIASES["INT4JIT_CONFIG"] + ALIASES["INT4JIT_EXHAUSTIVE_TUNE"] + ALIASES["INT4JIT_TUNE"]
-             + ALIASES["INT4JIT_KERNEL"])
+             + ALIASES["INT4JIT_KERNEL"] + ALIASES["INT4JIT_PDL"])
 _ENV_KEYS_RAW = tuple(k.encode() for k in _ENV_KEYS)
 _kernels: dict[tuple, object] = {}
 _kernels_lock = threading.Lock()

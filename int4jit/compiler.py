@@ -19,6 +19,7 @@ from .trace import trace
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE_CLASSIC = "gemv.hip"
 TEMPLATE_MMA = "gemv_mma.hip"
+TEMPLATE_TC = "gemv_tc.hip"
 CACHE_SCHEMA = 1
 COMPILE_OPTIONS = {"cuda": ("-default-device",), "hip": ("-O3",)}
 
@@ -31,7 +32,7 @@ def _read_template(name: str) -> str:
 @functools.lru_cache(maxsize=None)
 def template_hash() -> str:
     """Hash of the kernel templates and both preludes: tuning results are valid for it only."""
-    parts = [_read_template(n) for n in (TEMPLATE_CLASSIC, TEMPLATE_MMA, "prelude_cuda.hip", "prelude_hip.hip")]
+    parts = [_read_template(n) for n in (TEMPLATE_CLASSIC, TEMPLATE_MMA, TEMPLATE_TC, "prelude_cuda.hip", "prelude_hip.hip")]
     return cache.sha256("\0".join(parts).encode())[:16]
 
 
@@ -70,22 +71,37 @@ def mma_smem_bytes(shape: GemvShape, warps: int) -> int:
     return 64 * pad_chunks + 8 * segs * pad_chunks + 32 + 4 * 16 * 8 * warps
 
 
-KERNEL_CHOICES = ("auto", "mma", "simt")
+KERNEL_CHOICES = ("auto", "tc", "mma", "simt")
+
+
+# Below this many rows the tensor-core kernel (16 rows a warp) leaves multiprocessors idle and
+# gemv.hip (rows split over fewer threads) wins: measured on the H200, bench/NOTES.md.
+TC_MIN_ROWS = 2048
+
+
+def template_for(shape: GemvShape, arch: str) -> str:
+    """Which kernel template serves (shape, arch): gemv_tc.hip where the target has the
+    m16n8k16 tensor-core step, K is whole 16-byte loads and N >= TC_MIN_ROWS; gemv.hip
+    everywhere else. INT4JIT_KERNEL=simt|mma|tc asks for one (a template that cannot serve
+    falls back, traced)."""
+    choice = env_choice("INT4JIT_KERNEL", KERNEL_CHOICES) or "auto"
+    if choice == "simt":
+        return TEMPLATE_CLASSIC
+    traits = backends.module_for_arch(arch).kernel_traits(arch)
+    tensor_cores = bool(traits.get("TENSOR_CORES")) and shape.K % 32 == 0
+    if choice == "mma":
+        if tensor_cores and mma_smem_bytes(shape, 16) <= MMA_SMEM_LIMIT:
+            return TEMPLATE_MMA
+    elif choice == "tc" and tensor_cores:
+        return TEMPLATE_TC
+    elif choice == "auto":
+        return TEMPLATE_TC if tensor_cores and shape.N >= TC_MIN_ROWS else TEMPLATE_CLASSIC
+    trace("INT4JIT_KERNEL=%s: %s on %s cannot use that kernel; gemv.hip serves it", choice, shape.key(), arch)
+    return TEMPLATE_CLASSIC
 
 
 def uses_tensor_cores(shape: GemvShape, arch: str) -> bool:
-    """gemv_mma.hip runs where the target has the m16n8k16 tensor-core step, K is whole
-    16-byte loads and x fits in shared memory; gemv.hip everywhere else.
-    INT4JIT_KERNEL=mma asks for it; the default (auto) is gemv.hip until the tensor-core kernel
-    measures faster (bench/NOTES.md: on the H200 it does not yet, at equal tuning)."""
-    choice = env_choice("INT4JIT_KERNEL", KERNEL_CHOICES) or "auto"
-    if choice != "mma":
-        return False
-    traits = backends.module_for_arch(arch).kernel_traits(arch)
-    possible = bool(traits.get("TENSOR_CORES")) and shape.K % 32 == 0 and mma_smem_bytes(shape, 16) <= MMA_SMEM_LIMIT
-    if not possible:
-        trace("INT4JIT_KERNEL=mma: %s on %s cannot use the tensor-core kernel; gemv.hip serves it", shape.key(), arch)
-    return possible
+    return template_for(shape, arch) != TEMPLATE_CLASSIC
 
 
 def _classic_geometry(shape: GemvShape, cfg: LaunchConfig, unroll_cap: int = 8) -> KernelGeometry:
@@ -130,8 +146,32 @@ def _mma_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
         56 + 8 * tw * unroll + 4 * tw)
 
 
+# Weight loads (16 bytes each) one thread of the tensor-core kernel keeps in flight.
+TC_LOADS_IN_FLIGHT = 4
+
+
+def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
+                 contiguous: bool = False) -> KernelGeometry:
+    """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
+    BS/32 warps of a block split K in steps of 128 elements (no more warps than steps)."""
+    tw = cfg.TN // 2
+    steps = -(-shape.K // 128)
+    ksplit = min(cfg.BS // 32, steps)
+    per_warp = -(-steps // ksplit)
+    unroll = max(1, min(loads_in_flight // (2 * tw), per_warp))
+    rows_per_block = 16 * tw
+    return KernelGeometry(
+        TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", "true" if contiguous else "false")),
+        rows_per_block,
+        -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * per_warp),
+        cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN, 48 + cfg.TN * unroll * 6 + 4 * tw)
+
+
 def kernel_geometry(shape: GemvShape, cfg: LaunchConfig, arch: str) -> KernelGeometry:
-    if uses_tensor_cores(shape, arch):
+    template = template_for(shape, arch)
+    if template == TEMPLATE_TC:
+        return _tc_geometry(shape, cfg)
+    if template == TEMPLATE_MMA:
         return _mma_geometry(shape, cfg)
     return _classic_geometry(shape, cfg)
 
@@ -184,7 +224,7 @@ _memo_lock = threading.Lock()
 
 def compile_gemv(shape: GemvShape, cfg: LaunchConfig, arch: str) -> CompiledKernel:
     """The compiled kernel for (shape, cfg, arch), from memory, disk, or the compiler."""
-    memo_key = (shape, cfg, arch, uses_tensor_cores(shape, arch))
+    memo_key = (shape, cfg, arch, template_for(shape, arch))
     hit = _memo.get(memo_key)
     if hit is not None:
         return hit

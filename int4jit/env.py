@@ -12,6 +12,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "INT4JIT_BACKEND": ("INT4JIT_BACKEND",),
     "INT4JIT_CACHE_DIR": ("INT4JIT_CACHE_DIR",),
     "INT4JIT_KERNEL": ("INT4JIT_KERNEL",),
+    "INT4JIT_PDL": ("INT4JIT_PDL",),
 }
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from . import compiler
 from .backends._args import PackedArgs
+from .env import env_flag
 from .errors import DriverError
 from .shapes import GemvShape, LaunchConfig
 from .trace import trace
@@ -21,12 +22,13 @@ class Kernel:
     function: object
     grid: int
     block: int
+    overlap: bool = False   # programmatic dependent launch (INT4JIT_PDL, sm_90+)
 
     def __call__(self, x_ptr: int, w_ptr: int, s_ptr: int, z_ptr: int, y_ptr: int, stream: int = 0):
         self.launch_packed(PackedArgs((x_ptr, w_ptr, s_ptr, z_ptr, y_ptr)), stream)
 
     def launch_packed(self, args: PackedArgs, stream: int = 0):
-        self.device.launch(self.function, self.grid, self.block, args, stream)
+        self.device.launch(self.function, self.grid, self.block, args, stream, self.overlap)
 
 
 _loaded: dict[tuple, Kernel] = {}
@@ -36,7 +38,8 @@ _lock = threading.Lock()
 def load_kernel(device, shape: GemvShape, cfg: LaunchConfig) -> Kernel:
     """Compile (or fetch from cache) and load the kernel; a cached code object that the
     driver rejects is deleted and rebuilt once."""
-    key = (id(device), shape, cfg, compiler.uses_tensor_cores(shape, device.arch))
+    overlap = env_flag("INT4JIT_PDL", True) and device.supports_overlap
+    key = (id(device), shape, cfg, compiler.template_for(shape, device.arch), overlap)
     k = _loaded.get(key)
     if k is not None:
         return k
@@ -56,7 +59,7 @@ def load_kernel(device, shape: GemvShape, cfg: LaunchConfig) -> Kernel:
     if geo.persistent:
         # A grid-stride kernel: as many blocks as the device holds at once, no more.
         grid = min(grid, max(1, device.blocks_per_sm(fn, geo.block)) * device.sm_count)
-    k = Kernel(device, shape, cfg, module, fn, grid, geo.block)
+    k = Kernel(device, shape, cfg, module, fn, grid, geo.block, overlap)
     with _lock:
         _loaded[key] = k
     return k

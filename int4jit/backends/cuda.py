@@ -116,6 +116,7 @@ class Device:
         raw = check(drv.cuDeviceGetName(256, self._dev), "cuDeviceGetName")
         self.name = raw.split(b"\0", 1)[0].decode()
         self.has_dot2 = False
+        self._overlap_configs = {}  # (function, grid, block, stream) -> CUlaunchConfig
 
     def __repr__(self):
         return f"<int4jit cuda device {self.ordinal}: {self.name} ({self.arch}, {self.sm_count} SMs)>"
@@ -135,11 +136,41 @@ class Device:
         fn = check(self._drv.cuModuleGetFunction(module, kernel.encode()), "cuModuleGetFunction")
         return module, fn
 
-    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0):
+    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
+        """Launch on `stream`. overlap=True (sm_90+) lets the kernel start while the previous one
+        on the stream drains (programmatic dependent launch): the kernel must wait
+        (griddepcontrol.wait, I4_GRID_WAIT) before it reads anything."""
         self.make_current()
+        if overlap and self.supports_overlap:
+            config = self._overlap_configs.get((fn, grid, block, stream))
+            if config is None:
+                config = self._overlap_config(fn, grid, block, stream)
+            (err,) = self._drv.cuLaunchKernelEx(config, fn, args.params_address, 0)
+            if int(err) != 0:
+                raise DriverError(NAME, "cuLaunchKernelEx", status_name(err))
+            return
         (err,) = self._drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
         if int(err) != 0:
             raise DriverError(NAME, "cuLaunchKernel", status_name(err))
+
+    @property
+    def supports_overlap(self) -> bool:
+        return int(self.arch[3:]) >= 90
+
+    def _overlap_config(self, fn, grid: int, block: int, stream: int):
+        drv = self._drv
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = drv.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+        config.sharedMemBytes, config.hStream = 0, stream
+        config.attrs, config.numAttrs = [attr], 1
+        if len(self._overlap_configs) > 4096:
+            self._overlap_configs.clear()
+        self._overlap_configs[(fn, grid, block, stream)] = config
+        return config
 
     def blocks_per_sm(self, fn, block: int) -> int:
         """How many blocks of `block` threads of `fn` one multiprocessor holds at once."""

@@ -205,7 +205,9 @@ class Device:
         fn = check(self._hip.hipModuleGetFunction(module, kernel.encode()), "hipModuleGetFunction")
         return module, fn
 
-    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0):
+    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
+        """Launch on `stream`. overlap (programmatic dependent launch) is CUDA's; HIP launches
+        stay stream-ordered and the kernel's wait point is compiled out (prelude_hip.hip)."""
         self.make_current()
         # HIP takes arguments as one packed buffer through `extra`.
         result = self._hip.hipModuleLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream or None,
@@ -213,6 +215,10 @@ class Device:
         err = result[0] if isinstance(result, tuple) else result
         if int(err) != 0:
             raise DriverError(NAME, "hipModuleLaunchKernel", status_name(err))
+
+    @property
+    def supports_overlap(self) -> bool:
+        return False  # no programmatic dependent launch in HIP
 
     def blocks_per_sm(self, fn, block: int) -> int:
         """How many blocks of `block` threads of `fn` one compute unit holds at once."""

@@ -67,6 +67,7 @@ __device__ __forceinline__ void pair_x(u32x4 v, u32 p[4]) {
 extern "C" __global__ void __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
+    I4_GRID_WAIT();
     const int tid = threadIdx.x;
     const int lane = tid % KT;
     const int rg = tid / KT;
@@ -142,6 +143,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
         }
     }
 
+    I4_GRID_LAUNCH_DEPENDENTS();
     // Sum each row over the KT threads of its group: shuffles inside a warp,
     // then shared memory across the warps of a group.
     constexpr int SHUFFLE_SPAN = KT < I4_WARP ? KT : I4_WARP;

@@ -67,3 +67,22 @@ __device__ __forceinline__ void mma_16816(float d[4], u32 a0, u32 a1, u32 a2, u3
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// Byte permute: d.byte[i] = {b, a}.byte[sel.nibble[i]] (a is bytes 0-3).
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel)); return d;
+}
+// A branch on every loaded word, never taken: ptxas must issue all of a batch's loads before
+// it, instead of sinking them below the first arithmetic to save registers.
+__device__ __forceinline__ void issue_barrier(u32 v) {
+    if (v == 0x9E3779B9u) asm volatile("nanosleep.u32 0;");
+}
+// Programmatic dependent launch (sm_90+; the launch sets the attribute): a kernel may start
+// while the one before it on the stream drains. It waits for that kernel's writes before its
+// first global read, and lets the next one start once its own loads are done.
+#if __CUDA_ARCH__ >= 900
+#define I4_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define I4_GRID_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define I4_GRID_WAIT()
+#define I4_GRID_LAUNCH_DEPENDENTS()
+#endif

@@ -53,3 +53,6 @@ __device__ __forceinline__ dot_acc_t dot2(dot_acc_t acc, u32 w, u32 x) {
 }
 #endif
 __device__ __forceinline__ float dot_finish(dot_acc_t acc) { return acc; }
+// Programmatic dependent launch is CUDA's (sm_90+); HIP launches stay stream-ordered.
+#define I4_GRID_WAIT()
+#define I4_GRID_LAUNCH_DEPENDENTS()

@@ -1,0 +1,143 @@
+"""gemv_tc.hip (tensor-core kernel, session 3) against gemv.hip, in one process on the GPU.
+
+1. correctness: random problems against the float64 reference over groups, symmetric and
+   not, N not a multiple of the block's rows, K not a multiple of 128, several configs;
+2. timing: best of the 20-point grid per kernel (and per loads-in-flight setting of the tc
+   kernel) on the suite's large and mid shapes, graph replay over rotating weight copies.
+
+    python3 bench/proto/tc_ab.py [--quick]
+"""
+import argparse
+import functools
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from int4jit import compiler, launch, reference, tuner  # noqa: E402
+from int4jit.shapes import GemvShape, LaunchConfig, candidate_grid  # noqa: E402
+
+_REAL_TC = compiler._tc_geometry
+
+
+def use(kernel: str, loads: int = compiler.TC_LOADS_IN_FLIGHT, contiguous: bool = False, pdl: bool = True):
+    os.environ["INT4JIT_KERNEL"] = kernel
+    os.environ["INT4JIT_PDL"] = "1" if pdl else "0"
+    compiler._tc_geometry = functools.partial(_REAL_TC, loads_in_flight=loads, contiguous=contiguous)
+    compiler._memo.clear()
+    launch._loaded.clear()
+
+
+VARIANTS = {"simt": dict(kernel="simt", pdl=False), "simt+pdl": dict(kernel="simt"),
+            "tc4": dict(kernel="tc", loads=4, pdl=False), "tc4+pdl": dict(kernel="tc", loads=4),
+            "tc2+pdl": dict(kernel="tc", loads=2), "tc4c+pdl": dict(kernel="tc", loads=4, contiguous=True)}
+
+
+def correctness(dev):
+    import torch
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    cases = [(4097, 4096, 128, False), (4096, 4096, 128, True), (1000, 2080, 16, True), (1001, 2080, 16, False),
+             (7, 896, 32, False), (333, 4864, 64, False), (520, 1024, 256, False), (8192, 17920, 128, False),
+             (1, 128, 128, True), (4096, 14336, 32, False), (33, 96, 32, True), (129, 4112, 16, False)]
+    for N, K, g, sym in cases:
+        shape = GemvShape(N, K, g, sym)
+        x, w, s, z = reference.random_problem(shape, rng)
+        ref = reference.reference_gemv(x, w, s, z)
+        t = [None if a is None else torch.from_numpy(a).cuda() for a in (x, w, s, z)]
+        for kernel, loads, contig in (("tc", 4, False), ("tc", 2, False), ("tc", 4, True)):
+            use(kernel, loads, contig)
+            for cfg in (LaunchConfig(32, 2), LaunchConfig(128, 4), LaunchConfig(512, 16), LaunchConfig(64, 8),
+                        LaunchConfig(256, 2)):
+                out = torch.full((N,), float("nan"), dtype=torch.float16, device="cuda")
+                launch.load_kernel(dev, shape, cfg)(*(0 if a is None else a.data_ptr() for a in t), out.data_ptr())
+                torch.cuda.synchronize()
+                y = out.cpu().numpy().astype(np.float64)
+                err = np.linalg.norm(y - ref) / np.linalg.norm(ref) if np.isfinite(y).all() else float("inf")
+                worst = max(worst, err)
+                if err > 2e-3:
+                    print(f"  FAIL {shape.key()} {kernel} loads={loads} contig={contig} {cfg}: {err:.2e} "
+                          f"({compiler.kernel_geometry(shape, cfg, dev.arch).template})", flush=True)
+    print(f"correctness: worst relative error {worst:.2e} over {len(cases)} shapes x 3 x 5 configs", flush=True)
+
+
+def timing(dev, quick: bool):
+    shapes = [(28672, 4096, 128), (4096, 14336, 128), (128256, 4096, 128), (5120, 17920, 128),
+              (4096, 4096, 128), (28672, 4096, 32), (4096, 14336, 32), (2048, 2048, 128), (896, 4864, 128),
+              (896, 896, 128), (9728, 896, 128), (16384, 2048, 128), (6144, 4096, 128), (3072, 2048, 128)]
+    if quick:
+        shapes = shapes[:3]
+    print(f"{'shape':>22s} {'GB':>6s} " + " ".join(f"{k:>15s}" for k in VARIANTS)
+          + "   (best of 20 configs: us, config)", flush=True)
+    for N, K, g in shapes:
+        shape = GemvShape(N, K, g, False)
+        bufs = tuner.BenchBuffers(dev, shape)
+        stream = dev.create_stream()
+        cells = []
+        try:
+            for opts in VARIANTS.values():
+                use(**opts)
+                compiled = tuner._compile_all(shape, candidate_grid(True), dev.arch)
+                times = {c: tuner.time_kernel(launch.load_kernel(dev, shape, c), bufs, stream)
+                         for c, ok in compiled.items() if ok is not None}
+                best = min(times, key=times.get)
+                cells.append(f"{times[best]:6.2f} {str(best):>7s}")
+        finally:
+            dev.destroy_stream(stream)
+            bufs.free()
+        print(f"{shape.key():>22s} {shape.weight_bytes / 1e9:6.3f} " + " ".join(f"{c:>15s}" for c in cells), flush=True)
+
+
+def eager(dev):
+    """Wall time per call from Python, launches queued back to back (the CPU is the limit when
+    the kernel is shorter than the call): bare launch, the same with PDL, and int4jit.gemv."""
+    import statistics
+    import torch
+    import int4jit
+    from int4jit.backends._args import PackedArgs
+    for N, K in ((896, 896), (4096, 4096)):
+        shape = GemvShape(N, K, 128, False)
+        x, w, s, z = reference.random_problem(shape)
+        t = [torch.from_numpy(a).cuda() for a in (x, w, s, z)] + [torch.empty(N, dtype=torch.float16, device="cuda")]
+        args = PackedArgs([a.data_ptr() for a in t])
+        stream = torch.cuda.current_stream().cuda_stream
+        rows = []
+        for name, pdl in (("launch", False), ("launch+pdl", True)):
+            use("tc" if N >= 2048 else "simt", pdl=pdl)
+            k = launch.load_kernel(dev, shape, LaunchConfig(128, 4))
+            rows.append((name, lambda k=k: k.launch_packed(args, stream)))
+        use("tc" if N >= 2048 else "simt")
+        rows.append(("int4jit.gemv", lambda: int4jit.gemv(t[0], t[1], t[2], t[3], out=t[4])))
+        for name, fn in rows:
+            runs = []
+            for _ in range(5):
+                fn()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(2000):
+                    fn()
+                torch.cuda.synchronize()
+                runs.append((time.perf_counter() - t0) / 2000 * 1e6)
+            print(f"eager {N}x{K} {name:>13s}: {statistics.median(runs):6.2f} us/call", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    from int4jit import backends
+    dev = backends.device()
+    t0 = time.time()
+    correctness(dev)
+    print(f"({time.time() - t0:.0f} s)", flush=True)
+    eager(dev)
+    timing(dev, a.quick)
+    print(f"({time.time() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+// M=1 INT4 weight-only GEMV on tensor cores (NVIDIA sm_80+, mma.sync m16n8k16 f16 -> f32).
+//   y[n] = sum_k x[k] * (q[n,k] - z[n,k/g]) * s[n,k/g]     exact products, fp32 sums, fp16 out
+// Layout (ONNX Runtime MatMulNBits): w uint8 [N, K/2], low nibble = even k;
+// scales fp16 [N, K/g]; zeros uint8 [N, K/g] (absent when symmetric: zero point 8). K % 32 == 0.
+//
+// Work split. A block of KSPLIT warps owns TW tiles of 16 rows; its warps split K by steps of
+// 128 elements. In a step, lane (g = lane/4, t = lane%4) reads 32-element chunk 4*step + t of
+// rows g and g+8 of each tile (one 16-byte load per row) and the matching 64 bytes of x.
+//
+// Arithmetic per 32-bit word of 8 nibbles: four LOP3s give (1024+q) / (1024+16q) pairs, one
+// fp16 subtraction (or FMA by 1/16) each makes q - z exactly, and two mma steps multiply them
+// into fp32 with x (A = weights: rows g/g+8; B = x pairs). Products are exact, sums are fp32.
+// Which B lanes carry x decides what D holds:
+//   GROUP >= 128: every lane, so D sums the four chunks of the step (one group) -> scale once.
+//   GROUP <  128: only lane (g == t), so D column n holds chunk n alone (the diagonal trick)
+//                 and each chunk (or half chunk, GROUP 16) is scaled on its own.
+
+constexpr long long N = ${N};
+constexpr int K = ${K};
+constexpr int GROUP = ${GROUP};
+constexpr bool SYMMETRIC = ${SYMMETRIC};
+constexpr int KSPLIT = ${KSPLIT};        // warps of a block; they split K
+constexpr int TW = ${TW};                // 16-row tiles per warp
+constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight together
+constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT-th)
+constexpr int BS = 32 * KSPLIT;
+constexpr int ROWS_PER_BLOCK = 16 * TW;
+constexpr int CHUNKS = K / 32;           // 16-byte loads per row
+constexpr int STEPS = (CHUNKS + 3) / 4;  // 128 elements per step
+constexpr int WARP_STEPS = (STEPS + KSPLIT - 1) / KSPLIT;
+constexpr int STEP_STRIDE = CONTIG ? 1 : KSPLIT;  // between a warp's consecutive steps
+constexpr int NG = K / GROUP;
+constexpr long long ROW_BYTES = K / 2;
+constexpr bool DIAG = GROUP < 128;
+constexpr int SEGS = GROUP == 16 ? 2 : 1;          // groups per chunk
+constexpr int SEG_WORDS = 4 / SEGS;                // 8-element words per group segment
+constexpr u32 MAGIC_1024 = 0x64006400u;            // fp16 1024.0 in both halves
+constexpr u32 SIXTEENTH = 0x2C002C00u;             // fp16 0.0625 in both halves
+
+static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
+static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
+static_assert(DIAG || K % 128 == 0, "GROUP >= 128 implies whole steps");
+
+// Zero point z as the fp16x2 words that turn (1024 + q) and (1024 + 16q) into q - z.
+__device__ __forceinline__ void tc_zero_words(u32 z, u32& zlo, u32& zhi_neg) {
+    zlo = (0x6400u | z) * 0x00010001u;
+    zhi_neg = (0xD400u + (z << 4)) * 0x00010001u;
+}
+
+// The nibble masks live in constant memory: LOP3 reads one operand from there, so no register
+// holds (or is re-loaded with) a 32-bit constant per use.
+__constant__ u32 TC_MASK[2] = {0x000F000Fu, 0x00F000F0u};
+
+// One 8-nibble word of rows g (qa) and g+8 (qb) against x pairs (x0,x4) (x1,x5) (x2,x6) (x3,x7).
+__device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u32 za_hi, u32 zb_lo,
+                                        u32 zb_hi, u32 x04, u32 x15, u32 x26, u32 x37) {
+    const u32 qa2 = qa >> 8, qb2 = qb >> 8, lo = TC_MASK[0], hi = TC_MASK[1];
+    mma_16816(d, h2_sub((qa & lo) | MAGIC_1024, za_lo), h2_sub((qb & lo) | MAGIC_1024, zb_lo),
+              h2_fma((qa & hi) | MAGIC_1024, SIXTEENTH, za_hi), h2_fma((qb & hi) | MAGIC_1024, SIXTEENTH, zb_hi),
+              x04, x15);
+    mma_16816(d, h2_sub((qa2 & lo) | MAGIC_1024, za_lo), h2_sub((qb2 & lo) | MAGIC_1024, zb_lo),
+              h2_fma((qa2 & hi) | MAGIC_1024, SIXTEENTH, za_hi), h2_fma((qb2 & hi) | MAGIC_1024, SIXTEENTH, zb_hi),
+              x26, x37);
+}
+
+// The block's rows, accumulated into acc. TAIL: the last block, whose rows past N read row
+// N-1 (always valid) and are never stored; every other block addresses its rows as constant
+// offsets from one pointer per lane, so the loads need no per-row arithmetic.
+template <bool TAIL>
+__device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
+                                        const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
+                                        long long row0, int ks, int g, int t) {
+    long long rows[TW][2];
+#pragma unroll
+    for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const long long r = row0 + 16 * tw + 8 * h + g;
+            rows[tw][h] = TAIL ? (r < N ? r : N - 1) : r;
+        }
+    const u8* wbase = w + rows[0][0] * ROW_BYTES + 16 * t;
+    const u16* sbase = scales + rows[0][0] * NG;
+    const u8* zbase = zeros + rows[0][0] * NG;
+    auto row_off = [&](int tw, int h) { return TAIL ? rows[tw][h] - rows[0][0] : 16 * tw + 8 * h; };
+    // The chunk whose scales a lane applies to D: its own (GROUP >= 128: all four share the
+    // group) or, on the diagonal, chunks 2t and 2t+1 of the step (lanes t >= 2 hold zeros).
+    const int fold_chunk = DIAG ? 2 * (t & 1) : t;
+
+    const int s_begin = CONTIG ? ks * WARP_STEPS : ks;
+    const int s_end = CONTIG ? min(s_begin + WARP_STEPS, STEPS) : STEPS;
+    for (int s0 = s_begin; s0 < s_end; s0 += STEP_STRIDE * UNROLL) {
+        u32 wq[UNROLL][TW][2][4];
+        u16 sc[UNROLL][TW][2][DIAG ? 2 : 1][SEGS];
+        u8 zp[UNROLL][TW][2][SEGS];
+        // Issue every load of this batch before using any of them.
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int st = min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
+            // On a partial last step a lane past the last chunk re-reads it; its x is masked to zero.
+            const int c_off = K % 128 == 0 ? 0 : min(4 * st + t, CHUNKS - 1) - (4 * st + t);
+#pragma unroll
+            for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const u32x4 v = load_stream16(wbase + row_off(tw, h) * ROW_BYTES + 64LL * st + 16 * c_off);
+                    wq[u][tw][h][0] = v.x; wq[u][tw][h][1] = v.y; wq[u][tw][h][2] = v.z; wq[u][tw][h][3] = v.w;
+#pragma unroll
+                    for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
+                        const int fc = min(4 * st + fold_chunk + e, CHUNKS - 1);
+#pragma unroll
+                        for (int seg = 0; seg < SEGS; ++seg)
+                            sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
+                    }
+                    if constexpr (!SYMMETRIC) {
+#pragma unroll
+                        for (int seg = 0; seg < SEGS; ++seg)
+                            zp[u][tw][h][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * (4 * st + t + c_off) + 16 * seg) / GROUP);
+                    }
+                }
+        }
+        {
+            u32 all = 0;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) all ^= wq[u][tw][h][0];  // one word per load suffices
+            issue_barrier(all);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int step = s0 + u * STEP_STRIDE;
+            if (step >= s_end) break;
+            const int c = 4 * step + t;
+            // x of this lane's chunk, paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6) (x3,x7);
+            // zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
+            u32 keep = 0xFFFFFFFFu;
+            if constexpr (DIAG) keep = (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
+            u32 xp[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32x4 v = load_cached16(x + 32 * min(c, CHUNKS - 1) + 8 * j);
+                xp[j][0] = prmt(v.x, v.z, 0x5410);
+                xp[j][1] = prmt(v.x, v.z, 0x7632);
+                xp[j][2] = prmt(v.y, v.w, 0x5410);
+                xp[j][3] = prmt(v.y, v.w, 0x7632);
+                if constexpr (DIAG) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) xp[j][i] &= keep;
+                }
+            }
+#pragma unroll
+            for (int tw = 0; tw < TW; ++tw) {
+#pragma unroll
+                for (int seg = 0; seg < SEGS; ++seg) {
+                    u32 za_lo, za_hi, zb_lo, zb_hi;
+                    tc_zero_words(SYMMETRIC ? 8u : (u32)zp[u][tw][0][seg], za_lo, za_hi);
+                    tc_zero_words(SYMMETRIC ? 8u : (u32)zp[u][tw][1][seg], zb_lo, zb_hi);
+                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int jj = 0; jj < SEG_WORDS; ++jj) {
+                        const int j = seg * SEG_WORDS + jj;
+                        tc_word(d, wq[u][tw][0][j], wq[u][tw][1][j], za_lo, za_hi, zb_lo, zb_hi,
+                                xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
+                    }
+                    // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
+                    if constexpr (DIAG) {
+                        acc[tw][0] += d[0] * h_to_f(sc[u][tw][0][0][seg]) + d[1] * h_to_f(sc[u][tw][0][1][seg]);
+                        acc[tw][1] += d[2] * h_to_f(sc[u][tw][1][0][seg]) + d[3] * h_to_f(sc[u][tw][1][1][seg]);
+                    } else {
+                        acc[tw][0] += d[0] * h_to_f(sc[u][tw][0][0][0]);
+                        acc[tw][1] += d[2] * h_to_f(sc[u][tw][1][0][0]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BS)
+${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
+               const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
+    const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const long long row0 = (long long)blockIdx.x * ROWS_PER_BLOCK;
+    float acc[TW][2];
+#pragma unroll
+    for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
+    I4_GRID_WAIT();
+    if (N % ROWS_PER_BLOCK != 0 && blockIdx.x == gridDim.x - 1)
+        tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t);
+    else
+        tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t);
+
+    I4_GRID_LAUNCH_DEPENDENTS();
+    // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
+    if constexpr (DIAG) {
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) acc[tw][h] += warp_xor(acc[tw][h], 1);
+    }
+    if constexpr (KSPLIT == 1) {
+        if (t == 0) {
+#pragma unroll
+            for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const long long r = row0 + 16 * tw + 8 * h + g;
+                    if (r < N) y[r] = f_to_h(acc[tw][h]);
+                }
+        }
+    } else {
+        __shared__ float partial[KSPLIT][ROWS_PER_BLOCK];
+        if (t == 0) {
+#pragma unroll
+            for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) partial[ks][16 * tw + 8 * h + g] = acc[tw][h];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < (ROWS_PER_BLOCK + BS - 1) / BS; ++r) {
+            const int i = threadIdx.x + r * BS;
+            if (i < ROWS_PER_BLOCK && row0 + i < N) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int k = 0; k < KSPLIT; ++k) sum += partial[k][i];
+                y[row0 + i] = f_to_h(sum);
+            }
+        }
+    }
+}
