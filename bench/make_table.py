@@ -35,6 +35,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--table", default=str(Path(tuner.TABLE_PATH)))
+    ap.add_argument("--symmetry", choices=("both", "asym", "sym"), default="both",
+                    help="which zero-point kinds to tune (default both)")
     args = ap.parse_args()
     dev = backends.device()
     table = json.loads(Path(args.table).read_text())
@@ -44,7 +46,7 @@ def main():
     for model, shapes in SUITE.items():
         for N, K in shapes:
             for g in GROUPS:
-                for sym in (False, True):
+                for sym in {"both": (False, True), "asym": (False,), "sym": (True,)}[args.symmetry]:
                     shape = GemvShape(N, K, g, sym)
                     t0 = time.perf_counter()
                     rec = tuner.autotune(shape, dev, exhaustive=True)

@@ -151,9 +151,13 @@ TC_LOADS_IN_FLIGHT = 4
 
 
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
-                 contiguous: bool = False) -> KernelGeometry:
+                 contiguous: bool | None = None) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
-    BS/32 warps of a block split K in steps of 128 elements (no more warps than steps)."""
+    BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
+    Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
+    interleave the warps' steps: each measured faster on the H200 (bench/NOTES.md)."""
+    if contiguous is None:
+        contiguous = shape.group < 128
     tw = cfg.TN // 2
     steps = -(-shape.K // 128)
     ksplit = min(cfg.BS // 32, steps)

@@ -10,8 +10,9 @@ from conftest import require_compiler
 
 
 class StandInDevice:
-    def __init__(self, arch, max_grid_x=2**31 - 1, per_sm=3):
+    def __init__(self, arch, max_grid_x=2**31 - 1, per_sm=3, supports_overlap=False):
         self.arch, self.sm_count, self.max_grid_x, self.per_sm = arch, 132, max_grid_x, per_sm
+        self.supports_overlap = supports_overlap
         self.loaded = []
 
     def load(self, binary, kernel):
@@ -43,7 +44,28 @@ def test_persistent_kernel_gets_the_resident_grid(N, per_sm, monkeypatch):
     assert launch.load_kernel(dev, shape, cfg) is k and len(dev.loaded) == 1  # loaded once
 
 
-def test_cuda_core_kernel_gets_one_block_per_row_block():
+@pytest.mark.parametrize("supports,env,expected", [(True, None, True), (True, "0", False), (False, None, False),
+                                                  (False, "1", False)])
+def test_overlapped_launch_only_where_the_device_has_it(supports, env, expected, monkeypatch):
+    """Programmatic dependent launch: on by default where the device supports it, INT4JIT_PDL=0 turns it off."""
+    require_compiler("cuda")
+    if env is None:
+        monkeypatch.delenv("INT4JIT_PDL", raising=False)
+    else:
+        monkeypatch.setenv("INT4JIT_PDL", env)
+    k = launch.load_kernel(StandInDevice("sm_90", supports_overlap=supports), GemvShape(4096, 4096, 128, False),
+                           LaunchConfig(128, 4))
+    assert k.overlap is expected
+
+
+def test_malformed_pdl_variable_is_rejected(monkeypatch):
+    monkeypatch.setenv("INT4JIT_PDL", "maybe")
+    with pytest.raises(ValueError, match="INT4JIT_PDL"):
+        launch.load_kernel(StandInDevice("sm_90", supports_overlap=True), GemvShape(64, 256, 128, False),
+                           LaunchConfig(128, 4))
+
+
+def test_default_kernels_get_one_block_per_row_block():
     require_compiler("cuda")
     shape, cfg = GemvShape(5000, 4096, 128, False), LaunchConfig(128, 4)
     k = launch.load_kernel(StandInDevice("sm_90"), shape, cfg)  # the default kernel

@@ -24,7 +24,7 @@ from int4jit.shapes import GemvShape, LaunchConfig, candidate_grid  # noqa: E402
 _REAL_TC = compiler._tc_geometry
 
 
-def use(kernel: str, loads: int = compiler.TC_LOADS_IN_FLIGHT, contiguous: bool = False, pdl: bool = True):
+def use(kernel: str, loads: int = compiler.TC_LOADS_IN_FLIGHT, contiguous: bool | None = False, pdl: bool = True):
     os.environ["INT4JIT_KERNEL"] = kernel
     os.environ["INT4JIT_PDL"] = "1" if pdl else "0"
     compiler._tc_geometry = functools.partial(_REAL_TC, loads_in_flight=loads, contiguous=contiguous)
