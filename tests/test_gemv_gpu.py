@@ -75,19 +75,22 @@ MMA_CASES = [(N, K, g, sym) for N in (1, 7, 4097) for K in (32, 96, 4096, 17920)
              for sym in (True, False) if K % g == 0]
 
 
+@pytest.mark.parametrize("kernel", ["tc", "mma"])
 @pytest.mark.parametrize("N,K,group,symmetric", MMA_CASES)
-def test_tensor_core_kernel_against_reference(N, K, group, symmetric, monkeypatch):
-    """The opt-in tensor-core kernel (INT4JIT_KERNEL=mma) computes the same function."""
-    monkeypatch.setenv("INT4JIT_KERNEL", "mma")
+def test_tensor_core_kernel_against_reference(N, K, group, symmetric, kernel, monkeypatch):
+    """Both tensor-core kernels (INT4JIT_KERNEL=tc, the default for N >= 2048 on sm_80+, and the
+    opt-in mma) compute the same function, down to N = 1 and K = one 32-element chunk."""
+    monkeypatch.setenv("INT4JIT_KERNEL", kernel)
     monkeypatch.setenv("INT4JIT_TUNE", "0")
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, symmetric)
     assert rel_error(run_torch(x, w, s, z), chunked_reference(x, w, s, z)) <= TOL
 
 
+@pytest.mark.parametrize("kernel", ["tc", "mma"])
 @pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
-def test_tensor_core_kernel_every_grid_point(cfg, monkeypatch):
-    monkeypatch.setenv("INT4JIT_KERNEL", "mma")
+def test_tensor_core_kernel_every_grid_point(cfg, kernel, monkeypatch):
+    monkeypatch.setenv("INT4JIT_KERNEL", kernel)
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, 3001, 2080, 16, symmetric=False)
     y = run_torch(x, w, s, z, config=(cfg.BS, cfg.TN))

@@ -11,14 +11,18 @@ ARCHS = ["sm_80", "sm_90", "gfx90a", "gfx1030", "gfx900", "gfx1151"]
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("cfg", candidate_grid(True), ids=str)
-@pytest.mark.parametrize("kernel", ["auto", "mma"])
+@pytest.mark.parametrize("kernel", ["auto", "mma", "tc"])
 def test_every_grid_point_renders_completely(arch, cfg, kernel, monkeypatch):
     monkeypatch.setenv("INT4JIT_KERNEL", kernel)
     shape = GemvShape(4096, 4096, 128, False)
     name, src = compiler.render_gemv_source(shape, cfg, arch)
     assert "${" not in src and "$" not in src
-    if compiler.uses_tensor_cores(shape, arch):
+    template = compiler.template_for(shape, arch)
+    assert template == (("gemv_tc.hip" if kernel != "mma" else "gemv_mma.hip") if arch.startswith("sm_") else "gemv.hip")
+    if template == "gemv_mma.hip":
         assert f"constexpr int WARPS = {cfg.BS // 32};" in src and f"constexpr int TW = {cfg.TN // 2};" in src
+    elif template == "gemv_tc.hip":  # 32 steps of 128 elements: every BS/32 fits
+        assert f"constexpr int KSPLIT = {cfg.BS // 32};" in src and f"constexpr int TW = {cfg.TN // 2};" in src
     else:
         assert f"constexpr int BS = {cfg.BS};" in src and f"constexpr int TN = {cfg.TN};" in src
     assert f"{compiler.kernel_name(shape, cfg)}(" in src
@@ -115,6 +119,32 @@ def test_kernel_choice_from_the_environment(monkeypatch):
     monkeypatch.setenv("INT4JIT_KERNEL", "MMA")
     assert compiler.kernel_geometry(shape, cfg, "sm_90").template == "gemv_mma.hip"
     assert compiler.kernel_geometry(shape, cfg, "gfx90a").template == "gemv.hip"  # where it cannot run
+    monkeypatch.setenv("INT4JIT_KERNEL", "tc")
+    assert compiler.kernel_geometry(shape, cfg, "sm_90").template == "gemv_tc.hip"
+    assert compiler.kernel_geometry(GemvShape(4096, 4112, 16, False), cfg, "sm_90").template == "gemv.hip"  # K % 32
     monkeypatch.setenv("INT4JIT_KERNEL", "tensor")
-    with pytest.raises(ValueError, match="INT4JIT_KERNEL='tensor': expected one of auto, mma, simt"):
+    with pytest.raises(ValueError, match="INT4JIT_KERNEL='tensor': expected one of auto, tc, mma, simt"):
         compiler.kernel_geometry(shape, cfg, "sm_90")
+
+
+@pytest.mark.parametrize("N,K,arch,template", [
+    (4096, 4096, "sm_90", "gemv_tc.hip"), (2048, 896, "sm_80", "gemv_tc.hip"),
+    (2047, 4096, "sm_90", "gemv.hip"),    # fewer rows than TC_MIN_ROWS: gemv.hip keeps the SMs busy
+    (4096, 4112, "sm_90", "gemv.hip"),    # K % 32 != 0
+    (4096, 4096, "sm_75", "gemv.hip"),    # no m16n8k16 f16 step
+    (4096, 4096, "gfx90a", "gemv.hip")])
+def test_default_kernel_choice(N, K, arch, template, monkeypatch):
+    monkeypatch.delenv("INT4JIT_KERNEL", raising=False)
+    assert compiler.template_for(GemvShape(N, K, 16, False), arch) == template
+
+
+@pytest.mark.parametrize("group,contiguous", [(16, True), (32, True), (64, True), (128, False), (256, False)])
+def test_tc_geometry(group, contiguous):
+    """Warps never outnumber the 128-element steps; groups under 128 walk K in contiguous ranges."""
+    shape = GemvShape(4096, 1792 if group == 256 else 896, group, False)  # 14 or 7 steps
+    geo = compiler._tc_geometry(shape, LaunchConfig(512, 4))
+    steps = shape.K // 128
+    assert geo.template == "gemv_tc.hip" and geo.param("KSPLIT") == min(16, steps) and geo.block == 32 * min(16, steps)
+    assert geo.param("TW") == 2 and geo.rows_per_block == 32 and geo.grid == 128
+    assert geo.param("CONTIG") == ("true" if contiguous else "false")
+    assert geo.param("UNROLL") * 2 * geo.param("TW") == compiler.TC_LOADS_IN_FLIGHT
