@@ -100,10 +100,6 @@ def template_for(shape: GemvShape, arch: str) -> str:
     return TEMPLATE_CLASSIC
 
 
-def uses_tensor_cores(shape: GemvShape, arch: str) -> bool:
-    return template_for(shape, arch) != TEMPLATE_CLASSIC
-
-
 def _classic_geometry(shape: GemvShape, cfg: LaunchConfig, unroll_cap: int = 8) -> KernelGeometry:
     """gemv.hip: KT threads along K; each thread keeps at most `unroll_cap` weight loads
     (TN rows x UNROLL steps) in flight."""

@@ -6,6 +6,7 @@ against the float64 reference and time it next to the production kernel's tuned 
     python3 bench/proto/run_mma_proto.py --ncu N K WARPS KSPLIT TW UNROLL   # launches for ncu (WARPS 0: production)
 """
 import argparse
+import os
 import re
 import string
 import sys
@@ -166,12 +167,15 @@ def gpu_run():
 def classic_kernel(dev, shape, cfg):
     """The CUDA-core kernel (gemv.hip) for a shape the tensor-core path would take."""
     from int4jit import compiler, launch
-    real = compiler.uses_tensor_cores
-    compiler.uses_tensor_cores = lambda *a: False
+    before = os.environ.get("INT4JIT_KERNEL")
+    os.environ["INT4JIT_KERNEL"] = "simt"
     try:
         k = launch.load_kernel(dev, shape, cfg)
     finally:
-        compiler.uses_tensor_cores = real
+        if before is None:
+            del os.environ["INT4JIT_KERNEL"]
+        else:
+            os.environ["INT4JIT_KERNEL"] = before
         compiler._memo.clear()
         launch._loaded.clear()
     return k

@@ -116,6 +116,7 @@ class Device:
         raw = check(drv.cuDeviceGetName(256, self._dev), "cuDeviceGetName")
         self.name = raw.split(b"\0", 1)[0].decode()
         self.has_dot2 = False
+        self.supports_overlap = major >= 9  # programmatic dependent launch
         self._overlap_configs = {}  # (function, grid, block, stream) -> CUlaunchConfig
 
     def __repr__(self):
@@ -152,10 +153,6 @@ class Device:
         (err,) = self._drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
         if int(err) != 0:
             raise DriverError(NAME, "cuLaunchKernel", status_name(err))
-
-    @property
-    def supports_overlap(self) -> bool:
-        return int(self.arch[3:]) >= 90
 
     def _overlap_config(self, fn, grid: int, block: int, stream: int):
         drv = self._drv

@@ -188,6 +188,7 @@ class Device:
         name = props.name
         self.name = name.decode() if isinstance(name, bytes) else str(name)
         self.has_dot2 = self.arch in DOT2_TARGETS
+        self.supports_overlap = False  # HIP has no programmatic dependent launch
 
     def __repr__(self):
         return f"<int4jit hip device {self.ordinal}: {self.name} ({self.full_arch}, {self.sm_count} CUs)>"
@@ -215,10 +216,6 @@ class Device:
         err = result[0] if isinstance(result, tuple) else result
         if int(err) != 0:
             raise DriverError(NAME, "hipModuleLaunchKernel", status_name(err))
-
-    @property
-    def supports_overlap(self) -> bool:
-        return False  # no programmatic dependent launch in HIP
 
     def blocks_per_sm(self, fn, block: int) -> int:
         """How many blocks of `block` threads of `fn` one compute unit holds at once."""
