@@ -125,6 +125,7 @@ def test_hip_device_launch_path(fake_hip):
     fake, seen = fake_hip
     dev = hip.Device(0)
     assert (dev.arch, dev.full_arch, dev.warp_size, dev.has_dot2) == ("gfx90a", "gfx90a:sramecc+:xnack-", 64, True)
+    assert dev.supports_overlap is False  # no programmatic dependent launch in HIP
     fn, stream, ptrs = exercise(dev)
     f, gx, gy, gz, bx, by, bz, shmem, s, params, packed = seen["launch"]
     assert (f, gx, gy, gz, bx, by, bz, shmem, s, params) == (fn, 512, 1, 1, 256, 1, 1, 0, stream, None)
@@ -139,6 +140,7 @@ def test_cuda_device_launch_path(fake_cuda):
     fake, seen = fake_cuda
     dev = cuda.Device(0)
     assert (dev.arch, dev.sm_count, dev.name) == ("sm_90", 132, "NVIDIA H200")
+    assert dev.supports_overlap is True  # sm_90: programmatic dependent launch
     fn, stream, ptrs = exercise(dev)
     f, gx, gy, gz, bx, by, bz, shmem, s, params, extra = seen["launch"]
     assert (f, gx, gy, gz, bx, by, bz, shmem, s, extra) == (fn, 512, 1, 1, 256, 1, 1, 0, stream, 0)
