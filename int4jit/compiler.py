@@ -144,10 +144,12 @@ def _mma_geometry(shape: GemvShape, cfg: LaunchConfig) -> KernelGeometry:
 
 # Weight loads (16 bytes each) one thread of the tensor-core kernel keeps in flight.
 TC_LOADS_IN_FLIGHT = 4
+# Static shared memory a block may declare.
+STATIC_SMEM_LIMIT = 48 << 10
 
 
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
-                 contiguous: bool | None = None) -> KernelGeometry:
+                 contiguous: bool | None = None, **variant) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
@@ -160,8 +162,14 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     per_warp = -(-steps // ksplit)
     unroll = max(1, min(loads_in_flight // (2 * tw), per_warp))
     rows_per_block = 16 * tw
+    v = {"XSMEM": False, "ACC2": False, "L2HINT": False, "REGS": 0, **variant}
+    xsmem = v["XSMEM"] and 2 * shape.K + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
+    min_blocks = 65536 // (v["REGS"] * cfg.BS) if v["REGS"] else 1
+    flag = lambda b: "true" if b else "false"
     return KernelGeometry(
-        TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", "true" if contiguous else "false")),
+        TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
+                      ("XSMEM", flag(xsmem)), ("ACC2", flag(v["ACC2"])), ("L2HINT", int(v["L2HINT"])),
+                      ("LAUNCH_BOUNDS", f"BS, {min_blocks}" if min_blocks > 1 else "BS")),
         rows_per_block,
         -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * per_warp),
         cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN, 48 + cfg.TN * unroll * 6 + 4 * tw)

@@ -24,11 +24,12 @@ class Kernel:
     block: int
     overlap: bool = False   # programmatic dependent launch (INT4JIT_PDL, sm_90+)
 
+    def __post_init__(self):
+        # (args, stream) -> None, prepared by the device once: the per-call launch.
+        self.launch_packed = self.device.launcher(self.function, self.grid, self.block, self.overlap)
+
     def __call__(self, x_ptr: int, w_ptr: int, s_ptr: int, z_ptr: int, y_ptr: int, stream: int = 0):
         self.launch_packed(PackedArgs((x_ptr, w_ptr, s_ptr, z_ptr, y_ptr)), stream)
-
-    def launch_packed(self, args: PackedArgs, stream: int = 0):
-        self.device.launch(self.function, self.grid, self.block, args, stream, self.overlap)
 
 
 _loaded: dict[tuple, Kernel] = {}

@@ -97,7 +97,10 @@ def fake_cuda(monkeypatch):
     fake.CUdevice_attribute = attrs
     fake.CUstreamCaptureMode = type("M", (), {"CU_STREAM_CAPTURE_MODE_RELAXED": 2})
     fake.CUresult = Status
+    fake.CUlaunchAttributeID = type("L", (), {"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION": 6})
     monkeypatch.setattr(cuda, "_driver", lambda: fake)
+    # Launches go through cuda-bindings here; the ctypes path has its own tests (fake libcuda).
+    monkeypatch.setattr(cuda, "_libcuda", lambda: None)
     return fake, seen
 
 
@@ -176,3 +179,66 @@ def test_occupancy_query_names_the_function_and_block(backend, fake_hip, fake_cu
     _, fn = dev.load(b"x", "k")
     assert dev.blocks_per_sm(fn, 256) == 3
     assert (call, (fn, 256, 0)) in fake.calls
+
+
+class FakeLibcuda:
+    """libcuda as ctypes would call it: each launch decodes its ctypes arguments the way the
+    driver reads them (handles, dimensions, the void** kernel parameters, the launch config)."""
+
+    def __init__(self, status=0):
+        self.launches, self.status = [], status
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        self.launches.append(("cuLaunchKernel", f.value, (gx.value, gy.value, gz.value), (bx.value, by.value, bz.value),
+                              shmem.value, stream.value, decode_cuda_params(ctypes.addressof(params), 5), extra))
+        return self.status
+
+    def cuLaunchKernelEx(self, config_ref, f, params, extra):
+        c = config_ref._obj
+        attrs = [(c.attrs[i].id, ctypes.c_int.from_buffer_copy(bytes(c.attrs[i].value[:4])).value)
+                 for i in range(c.numAttrs)]
+        self.launches.append(("cuLaunchKernelEx", f.value, tuple(c.gridDim), tuple(c.blockDim), c.sharedMemBytes,
+                              c.hStream, decode_cuda_params(ctypes.addressof(params), 5), extra, attrs))
+        return self.status
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_cuda_prepared_launch_through_ctypes(overlap, fake_cuda, monkeypatch):
+    """The per-call launch (libcuda through ctypes): function, grid, block, stream and the five
+    pointers reach the driver as given; with overlap, cuLaunchKernelEx carries exactly one
+    attribute, programmatic stream serialization = 1. A second call with new pointers and
+    another stream reuses the launcher and sends the new values."""
+    lib = FakeLibcuda()
+    monkeypatch.setattr(cuda, "_libcuda", lambda: lib)
+    dev = cuda.Device(0)
+    _, fn = dev.load(b"x", "k")
+    run = dev.launcher(fn, 896, 128, overlap)
+    assert dev.launcher(fn, 896, 128, overlap) is run
+    args = PackedArgs([0x1000, 0x2000, 0x3000, 0, 0x5000])
+    run(args, 0x77)
+    args.values[0] = 0x1100
+    run(args, 0x88)
+    if overlap:
+        attr = [(6, 1)]
+        assert lib.launches == [("cuLaunchKernelEx", fn, (896, 1, 1), (128, 1, 1), 0, 0x77, [0x1000, 0x2000, 0x3000, 0, 0x5000], None, attr),
+                                ("cuLaunchKernelEx", fn, (896, 1, 1), (128, 1, 1), 0, 0x88, [0x1100, 0x2000, 0x3000, 0, 0x5000], None, attr)]
+    else:
+        assert lib.launches == [("cuLaunchKernel", fn, (896, 1, 1), (128, 1, 1), 0, 0x77, [0x1000, 0x2000, 0x3000, 0, 0x5000], None),
+                                ("cuLaunchKernel", fn, (896, 1, 1), (128, 1, 1), 0, 0x88, [0x1100, 0x2000, 0x3000, 0, 0x5000], None)]
+
+
+def test_cuda_ctypes_launch_error_names_the_call_and_status(fake_cuda, monkeypatch):
+    monkeypatch.setattr(cuda, "_libcuda", lambda: FakeLibcuda(status=719))
+    dev = cuda.Device(0)
+    _, fn = dev.load(b"x", "k")
+    with pytest.raises(DriverError, match="cuLaunchKernelEx failed with ERROR_719"):
+        dev.launch(fn, 1, 32, PackedArgs([1, 2, 3, 4, 5]), 0, overlap=True)
+    with pytest.raises(DriverError, match="cuLaunchKernel failed with ERROR_719"):
+        dev.launch(fn, 1, 32, PackedArgs([1, 2, 3, 4, 5]), 0)
+
+
+def test_launch_config_struct_matches_cuda_h():
+    """CUlaunchConfig / CUlaunchAttribute as cuda.h lays them out on 64-bit targets."""
+    assert ctypes.sizeof(cuda._LaunchAttribute) == 72
+    assert cuda._LaunchConfig.hStream.offset == 32 and cuda._LaunchConfig.attrs.offset == 40
+    assert cuda._LaunchConfig.numAttrs.offset == 48 and ctypes.sizeof(cuda._LaunchConfig) == 56

@@ -14,6 +14,7 @@ class StandInDevice:
         self.arch, self.sm_count, self.max_grid_x, self.per_sm = arch, 132, max_grid_x, per_sm
         self.supports_overlap = supports_overlap
         self.loaded = []
+        self.launches = []
 
     def load(self, binary, kernel):
         assert binary[:4] == b"\x7fELF"
@@ -23,6 +24,11 @@ class StandInDevice:
     def blocks_per_sm(self, fn, block):
         assert fn.startswith("fn:")
         return self.per_sm
+
+    def launcher(self, fn, grid, block, overlap=False):
+        def run(args, stream=0):
+            self.launches.append((fn, grid, block, overlap, list(args.values), stream))
+        return run
 
 
 @pytest.fixture(autouse=True)
@@ -80,3 +86,15 @@ def test_grid_limit_is_checked_before_compiling(monkeypatch):
     with pytest.raises(ValueError, match="grid limit 1000"):
         launch.load_kernel(StandInDevice("sm_75", max_grid_x=1000), GemvShape(262144, 1024, 128, False),
                            LaunchConfig(32, 2))
+
+
+def test_kernel_launches_through_the_launcher_the_device_prepared():
+    """A loaded kernel calls the device's prepared launcher with its own function, grid, block and
+    PDL choice, and the five pointers in the kernel's argument order."""
+    require_compiler("cuda")
+    dev = StandInDevice("sm_90", supports_overlap=True)
+    shape, cfg = GemvShape(4096, 4096, 128, False), LaunchConfig(128, 4)
+    k = launch.load_kernel(dev, shape, cfg)
+    k(11, 22, 33, 0, 55, stream=7)
+    assert dev.launches == [(k.function, k.grid, k.block, True, [11, 22, 33, 0, 55], 7)]
+    assert k.grid == compiler.kernel_geometry(shape, cfg, "sm_90").grid

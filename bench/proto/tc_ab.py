@@ -1,4 +1,5 @@
-"""gemv_tc.hip (tensor-core kernel, session 3) against gemv.hip, in one process on the GPU.
+"""gemv_tc.hip variants in one process on the GPU (session 3: against gemv.hip; session 4: the
+shared-memory ring of cp.async copies against register loads).
 
 1. correctness: random problems against the float64 reference over groups, symmetric and
    not, N not a multiple of the block's rows, K not a multiple of 128, several configs;
@@ -24,17 +25,19 @@ from int4jit.shapes import GemvShape, LaunchConfig, candidate_grid  # noqa: E402
 _REAL_TC = compiler._tc_geometry
 
 
-def use(kernel: str, loads: int = compiler.TC_LOADS_IN_FLIGHT, contiguous: bool | None = False, pdl: bool = True):
+def use(kernel: str, pdl: bool = True, **variant):
     os.environ["INT4JIT_KERNEL"] = kernel
     os.environ["INT4JIT_PDL"] = "1" if pdl else "0"
-    compiler._tc_geometry = functools.partial(_REAL_TC, loads_in_flight=loads, contiguous=contiguous)
+    compiler._tc_geometry = functools.partial(_REAL_TC, **variant)
     compiler._memo.clear()
     launch._loaded.clear()
 
 
-VARIANTS = {"simt": dict(kernel="simt", pdl=False), "simt+pdl": dict(kernel="simt"),
-            "tc4": dict(kernel="tc", loads=4, pdl=False), "tc4+pdl": dict(kernel="tc", loads=4),
-            "tc2+pdl": dict(kernel="tc", loads=2), "tc4c+pdl": dict(kernel="tc", loads=4, contiguous=True)}
+# Session 4: x staged in shared memory per block (XSMEM), two mma accumulator chains (ACC2), a
+# 256-byte L2 fetch hint on weight loads (L2HINT), registers capped so more blocks fit (REGS).
+VARIANTS = {"tc": dict(kernel="tc"), "xs": dict(kernel="tc", XSMEM=True), "acc2": dict(kernel="tc", ACC2=True),
+            "regs64": dict(kernel="tc", REGS=64), "xs+acc2": dict(kernel="tc", XSMEM=True, ACC2=True),
+            "xs+l2hint": dict(kernel="tc", XSMEM=True, L2HINT=True), "xs+regs64": dict(kernel="tc", XSMEM=True, REGS=64)}
 
 
 def correctness(dev):
@@ -49,8 +52,8 @@ def correctness(dev):
         x, w, s, z = reference.random_problem(shape, rng)
         ref = reference.reference_gemv(x, w, s, z)
         t = [None if a is None else torch.from_numpy(a).cuda() for a in (x, w, s, z)]
-        for kernel, loads, contig in (("tc", 4, False), ("tc", 2, False), ("tc", 4, True)):
-            use(kernel, loads, contig)
+        for name, opts in VARIANTS.items():
+            use(**opts)
             for cfg in (LaunchConfig(32, 2), LaunchConfig(128, 4), LaunchConfig(512, 16), LaunchConfig(64, 8),
                         LaunchConfig(256, 2)):
                 out = torch.full((N,), float("nan"), dtype=torch.float16, device="cuda")
@@ -60,9 +63,9 @@ def correctness(dev):
                 err = np.linalg.norm(y - ref) / np.linalg.norm(ref) if np.isfinite(y).all() else float("inf")
                 worst = max(worst, err)
                 if err > 2e-3:
-                    print(f"  FAIL {shape.key()} {kernel} loads={loads} contig={contig} {cfg}: {err:.2e} "
+                    print(f"  FAIL {shape.key()} {name} {cfg}: {err:.2e} "
                           f"({compiler.kernel_geometry(shape, cfg, dev.arch).template})", flush=True)
-    print(f"correctness: worst relative error {worst:.2e} over {len(cases)} shapes x 3 x 5 configs", flush=True)
+    print(f"correctness: worst relative error {worst:.2e} over {len(cases)} shapes x {len(VARIANTS)} variants x 5 configs", flush=True)
 
 
 def timing(dev, quick: bool):
@@ -134,7 +137,6 @@ def main():
     t0 = time.time()
     correctness(dev)
     print(f"({time.time() - t0:.0f} s)", flush=True)
-    eager(dev)
     timing(dev, a.quick)
     print(f"({time.time() - t0:.0f} s)", flush=True)
 

@@ -1,13 +1,16 @@
 """NVIDIA backend: NVRTC (cuda-bindings) compiles to cubin; the driver API loads and launches."""
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 import re
 import threading
 
 import numpy as np
 
 from ..errors import BackendUnavailable, CompileError, DriverError
+from ..trace import trace
 from ._args import PackedArgs
 from ._common import make_check, median_event_ms, status_name
 
@@ -35,6 +38,40 @@ def _nvrtc():
 
 
 check = make_check(NAME)
+
+
+@functools.lru_cache(maxsize=None)
+def _libcuda():
+    """The driver library through ctypes, for the per-call launch: cuda-bindings' wrapper
+    builds Python objects for every argument on every call. None where it cannot be loaded."""
+    name = "nvcuda.dll" if os.name == "nt" else "libcuda.so.1"
+    try:
+        return ctypes.CDLL(name)
+    except OSError as e:
+        trace("%s not loadable through ctypes (%s): kernels launch through cuda-bindings", name, e)
+        return None
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute (cuda.h): id, padding to 8 bytes, a 64-byte value union."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h)."""
+    _fields_ = [("gridDim", ctypes.c_uint * 3), ("blockDim", ctypes.c_uint * 3), ("sharedMemBytes", ctypes.c_uint),
+                ("hStream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def _overlap_launch_config(grid: int, block: int, stream: int, attr_id: int) -> _LaunchConfig:
+    """A launch config whose one attribute allows programmatic stream serialization (PDL)."""
+    attr = _LaunchAttribute()
+    attr.id = attr_id
+    ctypes.c_int.from_buffer(attr.value).value = 1  # programmaticStreamSerializationAllowed
+    config = _LaunchConfig((ctypes.c_uint * 3)(grid, 1, 1), (ctypes.c_uint * 3)(block, 1, 1), 0, stream,
+                           ctypes.pointer(attr), 1)
+    config._keep = attr  # the pointer does not keep its target alive
+    return config
 
 
 def parse_arch(arch: str) -> str:
@@ -117,7 +154,8 @@ class Device:
         self.name = raw.split(b"\0", 1)[0].decode()
         self.has_dot2 = False
         self.supports_overlap = major >= 9  # programmatic dependent launch
-        self._overlap_configs = {}  # (function, grid, block, stream) -> CUlaunchConfig
+        self._overlap_configs = {}  # (function, grid, block, stream) -> CUlaunchConfig (bindings path)
+        self._launchers = {}  # (function, grid, block, overlap) -> prepared launch callable
 
     def __repr__(self):
         return f"<int4jit cuda device {self.ordinal}: {self.name} ({self.arch}, {self.sm_count} SMs)>"
@@ -141,8 +179,67 @@ class Device:
         """Launch on `stream`. overlap=True (sm_90+) lets the kernel start while the previous one
         on the stream drains (programmatic dependent launch): the kernel must wait
         (griddepcontrol.wait, I4_GRID_WAIT) before it reads anything."""
+        self.launcher(fn, grid, block, overlap)(args, stream)
+
+    def launcher(self, fn, grid: int, block: int, overlap: bool = False):
+        """A callable (args, stream) launching `fn` over `grid` blocks of `block` threads, with
+        everything that does not change between calls prepared once (the per-call path)."""
+        key = (fn, grid, block, overlap)
+        run = self._launchers.get(key)
+        if run is None:
+            if len(self._launchers) > 4096:
+                self._launchers.clear()
+            run = self._launchers[key] = self._make_launcher(fn, grid, block, overlap and self.supports_overlap)
+        return run
+
+    def _make_launcher(self, fn, grid: int, block: int, overlap: bool):
+        raw, local, bind = _libcuda(), self._local, self.make_current
+        if raw is None:
+            return functools.partial(self._launch_bindings, fn, grid, block, overlap=overlap)
+        c_fn = ctypes.c_void_p(int(fn))
+        per_stream = {}  # stream -> the ctypes value that carries it (config or handle)
+        if overlap:
+            launch_ex = raw.cuLaunchKernelEx
+            attr_id = int(self._drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+
+            def run(args: PackedArgs, stream: int = 0):
+                if not getattr(local, "bound", False):
+                    bind()
+                config = per_stream.get(stream)
+                if config is None:
+                    if len(per_stream) > 64:
+                        per_stream.clear()
+                    config = per_stream[stream] = ctypes.byref(_overlap_launch_config(grid, block, stream, attr_id))
+                err = launch_ex(config, c_fn, args.params, None)
+                if err:
+                    raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
+            return run
+        launch, one, zero = raw.cuLaunchKernel, ctypes.c_uint(1), ctypes.c_uint(0)
+        c_grid, c_block = ctypes.c_uint(grid), ctypes.c_uint(block)
+
+        def run(args: PackedArgs, stream: int = 0):
+            if not getattr(local, "bound", False):
+                bind()
+            handle = per_stream.get(stream)
+            if handle is None:
+                if len(per_stream) > 64:
+                    per_stream.clear()
+                handle = per_stream[stream] = ctypes.c_void_p(stream)
+            err = launch(c_fn, c_grid, one, one, c_block, one, one, zero, handle, args.params, None)
+            if err:
+                raise DriverError(NAME, "cuLaunchKernel", self._status(err))
+        return run
+
+    def _status(self, err: int) -> str:
+        try:
+            return status_name(self._drv.CUresult(err))
+        except ValueError:
+            return f"CUresult {err}"
+
+    def _launch_bindings(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
+        """The launch through cuda-bindings, where libcuda cannot be reached through ctypes."""
         self.make_current()
-        if overlap and self.supports_overlap:
+        if overlap:
             config = self._overlap_configs.get((fn, grid, block, stream))
             if config is None:
                 config = self._overlap_config(fn, grid, block, stream)

@@ -189,6 +189,7 @@ class Device:
         self.name = name.decode() if isinstance(name, bytes) else str(name)
         self.has_dot2 = self.arch in DOT2_TARGETS
         self.supports_overlap = False  # HIP has no programmatic dependent launch
+        self._launchers = {}  # (function, grid, block) -> prepared launch callable
 
     def __repr__(self):
         return f"<int4jit hip device {self.ordinal}: {self.name} ({self.full_arch}, {self.sm_count} CUs)>"
@@ -209,13 +210,32 @@ class Device:
     def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
         """Launch on `stream`. overlap (programmatic dependent launch) is CUDA's; HIP launches
         stay stream-ordered and the kernel's wait point is compiled out (prelude_hip.hip)."""
-        self.make_current()
-        # HIP takes arguments as one packed buffer through `extra`.
-        result = self._hip.hipModuleLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream or None,
-                                                 None, args.extra_address)
-        err = result[0] if isinstance(result, tuple) else result
-        if int(err) != 0:
-            raise DriverError(NAME, "hipModuleLaunchKernel", status_name(err))
+        self.launcher(fn, grid, block, overlap)(args, stream)
+
+    def launcher(self, fn, grid: int, block: int, overlap: bool = False):
+        """A callable (args, stream) launching `fn` over `grid` blocks of `block` threads, with
+        everything that does not change between calls bound once (the per-call path)."""
+        key = (fn, grid, block)
+        run = self._launchers.get(key)
+        if run is None:
+            if len(self._launchers) > 4096:
+                self._launchers.clear()
+            run = self._launchers[key] = self._make_launcher(fn, grid, block)
+        return run
+
+    def _make_launcher(self, fn, grid: int, block: int):
+        launch, local, bind = self._hip.hipModuleLaunchKernel, self._local, self.make_current
+
+        def run(args: PackedArgs, stream: int = 0):
+            if not getattr(local, "bound", False):
+                bind()
+            # HIP takes arguments as one packed buffer through `extra`; hip-python wants None
+            # for the null stream.
+            result = launch(fn, grid, 1, 1, block, 1, 1, 0, stream or None, None, args.extra_address)
+            err = result[0] if isinstance(result, tuple) else result
+            if int(err) != 0:
+                raise DriverError(NAME, "hipModuleLaunchKernel", status_name(err))
+        return run
 
     def blocks_per_sm(self, fn, block: int) -> int:
         """How many blocks of `block` threads of `fn` one compute unit holds at once."""

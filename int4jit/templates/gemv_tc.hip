@@ -23,6 +23,8 @@ constexpr int KSPLIT = ${KSPLIT};        // warps of a block; they split K
 constexpr int TW = ${TW};                // 16-row tiles per warp
 constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight together
 constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT-th)
+constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
+constexpr bool ACC2 = ${ACC2};           // two mma accumulator chains per tile
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -40,6 +42,18 @@ constexpr u32 SIXTEENTH = 0x2C002C00u;             // fp16 0.0625 in both halves
 static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
 static_assert(DIAG || K % 128 == 0, "GROUP >= 128 implies whole steps");
+
+#if ${L2HINT}
+// Weights with a 256-byte L2 fetch hint: a miss brings the neighbouring sectors too.
+__device__ __forceinline__ u32x4 load_weights16(const void* p) {
+    u32x4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+#else
+__device__ __forceinline__ u32x4 load_weights16(const void* p) { return load_stream16(p); }
+#endif
 
 // Zero point z as the fp16x2 words that turn (1024 + q) and (1024 + 16q) into q - z.
 __device__ __forceinline__ void tc_zero_words(u32 z, u32& zlo, u32& zhi_neg) {
@@ -63,13 +77,75 @@ __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u
               x26, x37);
 }
 
+// One batch of UNROLL steps of the warp's rows, weights in registers: x pairs built from the
+// lane's chunk, two mma steps per word pair, D scaled per group into acc. The two mma chains
+// of a word alternate between accumulators d and e so consecutive mma steps do not wait on
+// each other.
+__device__ __forceinline__ void tc_batch(float (&acc)[TW][2], const u32 (&wq)[UNROLL][TW][2][4],
+                                         const u16 (&sc)[UNROLL][TW][2][DIAG ? 2 : 1][SEGS],
+                                         const u8 (&zp)[UNROLL][TW][2][SEGS], const u16* I4_RESTRICT x,
+                                         const u32x4* xs, int s0, int s_end, int g, int t) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int step = s0 + u * STEP_STRIDE;
+        if (step >= s_end) break;
+        const int c = 4 * step + t;
+        // x of this lane's chunk, paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6) (x3,x7);
+        // zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
+        u32 keep = 0xFFFFFFFFu;
+        if constexpr (DIAG) keep = (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
+        u32 xp[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32x4 v = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_cached16(x + 32 * min(c, CHUNKS - 1) + 8 * j);
+            xp[j][0] = prmt(v.x, v.z, 0x5410);
+            xp[j][1] = prmt(v.x, v.z, 0x7632);
+            xp[j][2] = prmt(v.y, v.w, 0x5410);
+            xp[j][3] = prmt(v.y, v.w, 0x7632);
+            if constexpr (DIAG) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) xp[j][i] &= keep;
+            }
+        }
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw) {
+#pragma unroll
+            for (int seg = 0; seg < SEGS; ++seg) {
+                u32 za_lo, za_hi, zb_lo, zb_hi;
+                tc_zero_words(SYMMETRIC ? 8u : (u32)zp[u][tw][0][seg], za_lo, za_hi);
+                tc_zero_words(SYMMETRIC ? 8u : (u32)zp[u][tw][1][seg], zb_lo, zb_hi);
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int jj = 0; jj < SEG_WORDS; ++jj) {
+                    const int j = seg * SEG_WORDS + jj;
+                    tc_word((ACC2 && (jj & 1)) ? e : d, wq[u][tw][0][j], wq[u][tw][1][j], za_lo, za_hi, zb_lo, zb_hi,
+                            xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
+                }
+                if constexpr (ACC2) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) d[i] += e[i];
+                }
+                // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
+                if constexpr (DIAG) {
+                    acc[tw][0] += d[0] * h_to_f(sc[u][tw][0][0][seg]) + d[1] * h_to_f(sc[u][tw][0][1][seg]);
+                    acc[tw][1] += d[2] * h_to_f(sc[u][tw][1][0][seg]) + d[3] * h_to_f(sc[u][tw][1][1][seg]);
+                } else {
+                    acc[tw][0] += d[0] * h_to_f(sc[u][tw][0][0][0]);
+                    acc[tw][1] += d[2] * h_to_f(sc[u][tw][1][0][0]);
+                }
+            }
+        }
+    }
+}
+
 // The block's rows, accumulated into acc. TAIL: the last block, whose rows past N read row
 // N-1 (always valid) and are never stored; every other block addresses its rows as constant
 // offsets from one pointer per lane, so the loads need no per-row arithmetic.
+// The first batch's loads are issued before x is staged (XSMEM), so the two overlap.
 template <bool TAIL>
 __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
-                                        long long row0, int ks, int g, int t) {
+                                        long long row0, int ks, int g, int t, u32x4* xs) {
     long long rows[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw)
@@ -88,11 +164,12 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 
     const int s_begin = CONTIG ? ks * WARP_STEPS : ks;
     const int s_end = CONTIG ? min(s_begin + WARP_STEPS, STEPS) : STEPS;
-    for (int s0 = s_begin; s0 < s_end; s0 += STEP_STRIDE * UNROLL) {
-        u32 wq[UNROLL][TW][2][4];
-        u16 sc[UNROLL][TW][2][DIAG ? 2 : 1][SEGS];
-        u8 zp[UNROLL][TW][2][SEGS];
-        // Issue every load of this batch before using any of them.
+    constexpr int BATCH = STEP_STRIDE * UNROLL;  // steps between a warp's consecutive batches
+    u32 wq[UNROLL][TW][2][4];
+    u16 sc[UNROLL][TW][2][DIAG ? 2 : 1][SEGS];
+    u8 zp[UNROLL][TW][2][SEGS];
+    // Issue every load of a batch before using any of them.
+    auto load_batch = [&](int s0) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int st = min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
@@ -102,7 +179,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const u32x4 v = load_stream16(wbase + row_off(tw, h) * ROW_BYTES + 64LL * st + 16 * c_off);
+                    const u32x4 v = load_weights16(wbase + row_off(tw, h) * ROW_BYTES + 64LL * st + 16 * c_off);
                     wq[u][tw][h][0] = v.x; wq[u][tw][h][1] = v.y; wq[u][tw][h][2] = v.z; wq[u][tw][h][3] = v.w;
 #pragma unroll
                     for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
@@ -118,67 +195,30 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
                     }
                 }
         }
-        {
-            u32 all = 0;
+    };
+    if constexpr (XSMEM) {
+        // x into shared memory once per block (asynchronous copies, no registers held), while
+        // the first batch of weights is in flight.
+        load_batch(s_begin);
+        for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
+        copy_async_wait_all();
+        __syncthreads();
+    }
+    for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
+        if (!XSMEM || s0 != s_begin) load_batch(s0);
+        u32 all = 0;
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
+        for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-                for (int tw = 0; tw < TW; ++tw)
+            for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) all ^= wq[u][tw][h][0];  // one word per load suffices
-            issue_barrier(all);
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int step = s0 + u * STEP_STRIDE;
-            if (step >= s_end) break;
-            const int c = 4 * step + t;
-            // x of this lane's chunk, paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6) (x3,x7);
-            // zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
-            u32 keep = 0xFFFFFFFFu;
-            if constexpr (DIAG) keep = (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
-            u32 xp[4][4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const u32x4 v = load_cached16(x + 32 * min(c, CHUNKS - 1) + 8 * j);
-                xp[j][0] = prmt(v.x, v.z, 0x5410);
-                xp[j][1] = prmt(v.x, v.z, 0x7632);
-                xp[j][2] = prmt(v.y, v.w, 0x5410);
-                xp[j][3] = prmt(v.y, v.w, 0x7632);
-                if constexpr (DIAG) {
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) xp[j][i] &= keep;
-                }
-            }
-#pragma unroll
-            for (int tw = 0; tw < TW; ++tw) {
-#pragma unroll
-                for (int seg = 0; seg < SEGS; ++seg) {
-                    u32 za_lo, za_hi, zb_lo, zb_hi;
-                    tc_zero_words(SYMMETRIC ? 8u : (u32)zp[u][tw][0][seg], za_lo, za_hi);
-                    tc_zero_words(SYMMETRIC ? 8u : (u32)zp[u][tw][1][seg], zb_lo, zb_hi);
-                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int jj = 0; jj < SEG_WORDS; ++jj) {
-                        const int j = seg * SEG_WORDS + jj;
-                        tc_word(d, wq[u][tw][0][j], wq[u][tw][1][j], za_lo, za_hi, zb_lo, zb_hi,
-                                xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
-                    }
-                    // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
-                    if constexpr (DIAG) {
-                        acc[tw][0] += d[0] * h_to_f(sc[u][tw][0][0][seg]) + d[1] * h_to_f(sc[u][tw][0][1][seg]);
-                        acc[tw][1] += d[2] * h_to_f(sc[u][tw][1][0][seg]) + d[3] * h_to_f(sc[u][tw][1][1][seg]);
-                    } else {
-                        acc[tw][0] += d[0] * h_to_f(sc[u][tw][0][0][0]);
-                        acc[tw][1] += d[2] * h_to_f(sc[u][tw][1][0][0]);
-                    }
-                }
-            }
-        }
+                for (int h = 0; h < 2; ++h) all ^= wq[u][tw][h][0];  // one word per load suffices
+        issue_barrier(all);
+        tc_batch(acc, wq, sc, zp, x, xs, s0, s_end, g, t);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BS)
+extern "C" __global__ void __launch_bounds__(${LAUNCH_BOUNDS})
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
     const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -187,11 +227,12 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     float acc[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
+    __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
     I4_GRID_WAIT();
     if (N % ROWS_PER_BLOCK != 0 && blockIdx.x == gridDim.x - 1)
-        tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t);
+        tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t, xs);
     else
-        tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t);
+        tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t, xs);
 
     I4_GRID_LAUNCH_DEPENDENTS();
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.

@@ -76,6 +76,16 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
 __device__ __forceinline__ void issue_barrier(u32 v) {
     if (v == 0x9E3779B9u) asm volatile("nanosleep.u32 0;");
 }
+// Asynchronous global -> shared copies (sm_80+): no registers held while in flight.
+__device__ __forceinline__ u32 smem_address(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void copy_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Programmatic dependent launch (sm_90+; the launch sets the attribute): a kernel may start
 // while the one before it on the stream drains. It waits for that kernel's writes before its
 // first global read, and lets the next one start once its own loads are done.
