@@ -162,13 +162,13 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     per_warp = -(-steps // ksplit)
     unroll = max(1, min(loads_in_flight // (2 * tw), per_warp))
     rows_per_block = 16 * tw
-    v = {"XSMEM": False, "ACC2": False, "L2HINT": False, "REGS": 0, **variant}
+    v = {"XSMEM": False, "ACC2": False, "L2HINT": False, "REGS": 0, "ROLL": False, **variant}
     xsmem = v["XSMEM"] and 2 * shape.K + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
     min_blocks = 65536 // (v["REGS"] * cfg.BS) if v["REGS"] else 1
     flag = lambda b: "true" if b else "false"
     return KernelGeometry(
         TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
-                      ("XSMEM", flag(xsmem)), ("ACC2", flag(v["ACC2"])), ("L2HINT", int(v["L2HINT"])),
+                      ("XSMEM", flag(xsmem)), ("ACC2", flag(v["ACC2"])), ("ROLL", flag(v["ROLL"])), ("L2HINT", int(v["L2HINT"])),
                       ("LAUNCH_BOUNDS", f"BS, {min_blocks}" if min_blocks > 1 else "BS")),
         rows_per_block,
         -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * per_warp),

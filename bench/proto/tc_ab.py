@@ -33,11 +33,14 @@ def use(kernel: str, pdl: bool = True, **variant):
     launch._loaded.clear()
 
 
-# Session 4: x staged in shared memory per block (XSMEM), two mma accumulator chains (ACC2), a
-# 256-byte L2 fetch hint on weight loads (L2HINT), registers capped so more blocks fit (REGS).
-VARIANTS = {"tc": dict(kernel="tc"), "xs": dict(kernel="tc", XSMEM=True), "acc2": dict(kernel="tc", ACC2=True),
-            "regs64": dict(kernel="tc", REGS=64), "xs+acc2": dict(kernel="tc", XSMEM=True, ACC2=True),
-            "xs+l2hint": dict(kernel="tc", XSMEM=True, L2HINT=True), "xs+regs64": dict(kernel="tc", XSMEM=True, REGS=64)}
+# Session 4: x staged in shared memory per block (XSMEM), each load slot reloaded as soon as it
+# is used (ROLL), two mma accumulator chains (ACC2), a 256-byte L2 fetch hint on weight loads
+# (L2HINT), registers capped so more blocks fit (REGS).
+VARIANTS = {"tc": dict(kernel="tc"), "xs": dict(kernel="tc", XSMEM=True), "roll": dict(kernel="tc", ROLL=True),
+            "roll+xs": dict(kernel="tc", ROLL=True, XSMEM=True),
+            "roll+xs+acc2": dict(kernel="tc", ROLL=True, XSMEM=True, ACC2=True),
+            "roll+xs+l2h": dict(kernel="tc", ROLL=True, XSMEM=True, L2HINT=True),
+            "roll+xs+r64": dict(kernel="tc", ROLL=True, XSMEM=True, REGS=64)}
 
 
 def correctness(dev):

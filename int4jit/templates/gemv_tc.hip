@@ -25,6 +25,7 @@ constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight toge
 constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT-th)
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
 constexpr bool ACC2 = ${ACC2};           // two mma accumulator chains per tile
+constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it is used
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -77,63 +78,54 @@ __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u
               x26, x37);
 }
 
-// One batch of UNROLL steps of the warp's rows, weights in registers: x pairs built from the
-// lane's chunk, two mma steps per word pair, D scaled per group into acc. The two mma chains
-// of a word alternate between accumulators d and e so consecutive mma steps do not wait on
-// each other.
-__device__ __forceinline__ void tc_batch(float (&acc)[TW][2], const u32 (&wq)[UNROLL][TW][2][4],
-                                         const u16 (&sc)[UNROLL][TW][2][DIAG ? 2 : 1][SEGS],
-                                         const u8 (&zp)[UNROLL][TW][2][SEGS], const u16* I4_RESTRICT x,
-                                         const u32x4* xs, int s0, int s_end, int g, int t) {
+// x of this lane's chunk c of a step, paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6)
+// (x3,x7); zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
+__device__ __forceinline__ void tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRICT x, const u32x4* xs,
+                                           int c, int g, int t) {
+    u32 keep = 0xFFFFFFFFu;
+    if constexpr (DIAG) keep = (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-        const int step = s0 + u * STEP_STRIDE;
-        if (step >= s_end) break;
-        const int c = 4 * step + t;
-        // x of this lane's chunk, paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6) (x3,x7);
-        // zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
-        u32 keep = 0xFFFFFFFFu;
-        if constexpr (DIAG) keep = (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
-        u32 xp[4][4];
+    for (int j = 0; j < 4; ++j) {
+        const u32x4 v = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_cached16(x + 32 * min(c, CHUNKS - 1) + 8 * j);
+        xp[j][0] = prmt(v.x, v.z, 0x5410);
+        xp[j][1] = prmt(v.x, v.z, 0x7632);
+        xp[j][2] = prmt(v.y, v.w, 0x5410);
+        xp[j][3] = prmt(v.y, v.w, 0x7632);
+        if constexpr (DIAG) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32x4 v = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_cached16(x + 32 * min(c, CHUNKS - 1) + 8 * j);
-            xp[j][0] = prmt(v.x, v.z, 0x5410);
-            xp[j][1] = prmt(v.x, v.z, 0x7632);
-            xp[j][2] = prmt(v.y, v.w, 0x5410);
-            xp[j][3] = prmt(v.y, v.w, 0x7632);
-            if constexpr (DIAG) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) xp[j][i] &= keep;
-            }
+            for (int i = 0; i < 4; ++i) xp[j][i] &= keep;
         }
+    }
+}
+
+// One step of one 16-row tile: rows g (wa) and g+8 (wb), two mma steps per word pair, D scaled
+// per group into acc. ACC2: the mma chains of odd words go to a second accumulator, so
+// consecutive mma steps do not wait on each other.
+__device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
+                                        const u8 (&zp)[2][SEGS], const u32 (&xp)[4][4]) {
 #pragma unroll
-        for (int tw = 0; tw < TW; ++tw) {
+    for (int seg = 0; seg < SEGS; ++seg) {
+        u32 za_lo, za_hi, zb_lo, zb_hi;
+        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][seg], za_lo, za_hi);
+        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][seg], zb_lo, zb_hi);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int seg = 0; seg < SEGS; ++seg) {
-                u32 za_lo, za_hi, zb_lo, zb_hi;
-                tc_zero_words(SYMMETRIC ? 8u : (u32)zp[u][tw][0][seg], za_lo, za_hi);
-                tc_zero_words(SYMMETRIC ? 8u : (u32)zp[u][tw][1][seg], zb_lo, zb_hi);
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int jj = 0; jj < SEG_WORDS; ++jj) {
+            const int j = seg * SEG_WORDS + jj;
+            tc_word((ACC2 && (jj & 1)) ? e : d, wq[0][j], wq[1][j], za_lo, za_hi, zb_lo, zb_hi,
+                    xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
+        }
+        if constexpr (ACC2) {
 #pragma unroll
-                for (int jj = 0; jj < SEG_WORDS; ++jj) {
-                    const int j = seg * SEG_WORDS + jj;
-                    tc_word((ACC2 && (jj & 1)) ? e : d, wq[u][tw][0][j], wq[u][tw][1][j], za_lo, za_hi, zb_lo, zb_hi,
-                            xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
-                }
-                if constexpr (ACC2) {
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) d[i] += e[i];
-                }
-                // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
-                if constexpr (DIAG) {
-                    acc[tw][0] += d[0] * h_to_f(sc[u][tw][0][0][seg]) + d[1] * h_to_f(sc[u][tw][0][1][seg]);
-                    acc[tw][1] += d[2] * h_to_f(sc[u][tw][1][0][seg]) + d[3] * h_to_f(sc[u][tw][1][1][seg]);
-                } else {
-                    acc[tw][0] += d[0] * h_to_f(sc[u][tw][0][0][0]);
-                    acc[tw][1] += d[2] * h_to_f(sc[u][tw][1][0][0]);
-                }
-            }
+            for (int i = 0; i < 4; ++i) d[i] += e[i];
+        }
+        // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
+        if constexpr (DIAG) {
+            acc[0] += d[0] * h_to_f(sc[0][0][seg]) + d[1] * h_to_f(sc[0][1][seg]);
+            acc[1] += d[2] * h_to_f(sc[1][0][seg]) + d[3] * h_to_f(sc[1][1][seg]);
+        } else {
+            acc[0] += d[0] * h_to_f(sc[0][0][0]);
+            acc[1] += d[2] * h_to_f(sc[1][0][0]);
         }
     }
 }
@@ -141,7 +133,10 @@ __device__ __forceinline__ void tc_batch(float (&acc)[TW][2], const u32 (&wq)[UN
 // The block's rows, accumulated into acc. TAIL: the last block, whose rows past N read row
 // N-1 (always valid) and are never stored; every other block addresses its rows as constant
 // offsets from one pointer per lane, so the loads need no per-row arithmetic.
-// The first batch's loads are issued before x is staged (XSMEM), so the two overlap.
+// A batch is UNROLL steps of TW tiles: UNROLL * TW load slots (rows g and g+8 of a tile).
+// ROLL: each slot is reloaded with the next batch's data as soon as it has been used, so a
+// warp's loads stay in flight while it computes (same registers); else a batch's loads are all
+// issued, then all used. XSMEM: x staged in shared memory while the first batch is in flight.
 template <bool TAIL>
 __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
@@ -168,53 +163,76 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     u32 wq[UNROLL][TW][2][4];
     u16 sc[UNROLL][TW][2][DIAG ? 2 : 1][SEGS];
     u8 zp[UNROLL][TW][2][SEGS];
+    auto load_slot = [&](int s0, int u, int tw) {
+        const int st = min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
+        // On a partial last step a lane past the last chunk re-reads it; its x is masked to zero.
+        const int c_off = K % 128 == 0 ? 0 : min(4 * st + t, CHUNKS - 1) - (4 * st + t);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u8* src = wbase + row_off(tw, h) * ROW_BYTES + 64LL * st + 16 * c_off;
+            const u32x4 v = load_weights16(src);
+            wq[u][tw][h][0] = v.x; wq[u][tw][h][1] = v.y; wq[u][tw][h][2] = v.z; wq[u][tw][h][3] = v.w;
+#pragma unroll
+            for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
+                const int fc = min(4 * st + fold_chunk + e, CHUNKS - 1);
+#pragma unroll
+                for (int seg = 0; seg < SEGS; ++seg)
+                    sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
+            }
+            if constexpr (!SYMMETRIC) {
+#pragma unroll
+                for (int seg = 0; seg < SEGS; ++seg)
+                    zp[u][tw][h][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * (4 * st + t + c_off) + 16 * seg) / GROUP);
+            }
+            if constexpr (ROLL) issue_fence((u32)(unsigned long long)src);
+        }
+    };
     // Issue every load of a batch before using any of them.
     auto load_batch = [&](int s0) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int st = min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
-            // On a partial last step a lane past the last chunk re-reads it; its x is masked to zero.
-            const int c_off = K % 128 == 0 ? 0 : min(4 * st + t, CHUNKS - 1) - (4 * st + t);
+        for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-            for (int tw = 0; tw < TW; ++tw)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const u32x4 v = load_weights16(wbase + row_off(tw, h) * ROW_BYTES + 64LL * st + 16 * c_off);
-                    wq[u][tw][h][0] = v.x; wq[u][tw][h][1] = v.y; wq[u][tw][h][2] = v.z; wq[u][tw][h][3] = v.w;
-#pragma unroll
-                    for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
-                        const int fc = min(4 * st + fold_chunk + e, CHUNKS - 1);
-#pragma unroll
-                        for (int seg = 0; seg < SEGS; ++seg)
-                            sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
-                    }
-                    if constexpr (!SYMMETRIC) {
-#pragma unroll
-                        for (int seg = 0; seg < SEGS; ++seg)
-                            zp[u][tw][h][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * (4 * st + t + c_off) + 16 * seg) / GROUP);
-                    }
-                }
-        }
+            for (int tw = 0; tw < TW; ++tw) load_slot(s0, u, tw);
     };
+    constexpr bool PEEL = XSMEM || ROLL;  // the first batch is loaded before the loop
+    if constexpr (PEEL) load_batch(s_begin);
     if constexpr (XSMEM) {
         // x into shared memory once per block (asynchronous copies, no registers held), while
         // the first batch of weights is in flight.
-        load_batch(s_begin);
         for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
         copy_async_wait_all();
         __syncthreads();
     }
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
-        if (!XSMEM || s0 != s_begin) load_batch(s0);
-        u32 all = 0;
+        if constexpr (!PEEL) load_batch(s0);
+        else if constexpr (!ROLL) {
+            if (s0 != s_begin) load_batch(s0);
+        }
+        if constexpr (!ROLL) {
+            u32 all = 0;
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+            for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-            for (int tw = 0; tw < TW; ++tw)
+                for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) all ^= wq[u][tw][h][0];  // one word per load suffices
-        issue_barrier(all);
-        tc_batch(acc, wq, sc, zp, x, xs, s0, s_end, g, t);
+                    for (int h = 0; h < 2; ++h) all ^= wq[u][tw][h][0];  // one word per load suffices
+            issue_barrier(all);
+        }
+        const bool more = s0 + BATCH < s_end;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int step = s0 + u * STEP_STRIDE;
+            if (step >= s_end) break;
+            u32 xp[4][4];
+            tc_x_pairs(xp, x, xs, 4 * step + t, g, t);
+#pragma unroll
+            for (int tw = 0; tw < TW; ++tw) {
+                tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp);
+                if constexpr (ROLL) {
+                    if (more) load_slot(s0 + BATCH, u, tw);
+                }
+            }
+        }
     }
 }
 
