@@ -20,32 +20,36 @@ from .validate import validate
 
 _ENV_KEYS = (ALIASES["INT4JIT_CONFIG"] + ALIASES["INT4JIT_EXHAUSTIVE_TUNE"] + ALIASES["INT4JIT_TUNE"]
              + ALIASES["INT4JIT_KERNEL"] + ALIASES["INT4JIT_PDL"])
-_ENV_KEYS_RAW = tuple(k.encode() for k in _ENV_KEYS)
 _kernels: dict[tuple, object] = {}
 _kernels_lock = threading.Lock()
 _local = threading.local()  # per-thread prepared calls: their argument buffers are mutated
 _MAX_PREPARED = 4096
 
 
-def _env_state() -> tuple:
-    """The selection-relevant variables, read on every call so later changes take effect.
-    CPython's os.environ keeps its bytes in _data; a dict lookup there costs 0.1 us where
-    os.environ.get costs 1.5 us, which matters on the per-call path."""
-    raw = getattr(os.environ, "_data", None)
-    if isinstance(raw, dict):
-        return tuple(map(raw.get, _ENV_KEYS_RAW))
-    return tuple(os.environ.get(k) for k in _ENV_KEYS)
+def _env_reader():
+    """A function returning the selection-relevant variables, read on every call so later
+    changes take effect. os.environ keeps its encoded items in _data; a dict lookup there costs
+    0.1 us where os.environ.get costs 1.5 us, which matters on the per-call path."""
+    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if isinstance(data, dict) and encode is not None:
+        keys, get = tuple(encode(k) for k in _ENV_KEYS), data.get
+        return lambda: tuple(map(get, keys))
+    return lambda: tuple(os.environ.get(k) for k in _ENV_KEYS)
+
+
+_env_state = _env_reader()
 
 
 class _Prepared:
-    """A validated torch call, replayed while the same tensors (alive, same sizes) come back:
-    only their data pointers are re-read. Sizes are compared by element count, which is what
-    keeps the kernel inside the buffers if a tensor is resized in place."""
-    __slots__ = ("refs", "numels", "launch", "args", "values", "device_index", "stream_of")
+    """A validated torch call, replayed while the same tensor objects come back: their data
+    pointers are re-read on every call (a tensor given new storage is followed), nothing else
+    is. A tensor reshaped in place keeps its storage, so the kernel stays inside it; the call
+    then computes the shapes it was prepared with."""
+    __slots__ = ("refs", "env", "launch", "args", "values", "device_index", "stream_of")
 
-    def __init__(self, tensors, kernel, device_index):
+    def __init__(self, tensors, env, kernel, device_index):
+        self.env = env  # the variables the kernel was selected under
         self.refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
-        self.numels = tuple(None if t is None else t.numel() for t in tensors)
         self.launch = kernel.launch_packed
         self.args = PackedArgs([0] * 5)
         self.values = self.args.values
@@ -71,19 +75,18 @@ def _torch_stream(index: int) -> int:
     return _torch_stream_getter()(index)
 
 
-def _replay(key, x, w, scales, zeros, out, stream) -> bool:
-    """Launch a prepared call again if these are its tensors; False if there is none."""
+def _replay(key, env, x, w, scales, zeros, out, stream) -> bool:
+    """Launch a prepared call again if these are its tensors and the environment it was
+    selected under; False if there is none."""
     p = _prepared_calls().get(key)
-    if p is None:
+    if p is None or p.env != env:
         return False
     rx, rw, rs, rz, ro = p.refs
-    nx, nw, ns, nz, no = p.numels
-    if (rx() is not x or rw() is not w or rs() is not scales or ro() is not out
-            or x.numel() != nx or w.numel() != nw or scales.numel() != ns or out.numel() != no):
+    if rx() is not x or rw() is not w or rs() is not scales or ro() is not out:
         return False
     v = p.values
     if zeros is not None:  # the key holds id(zeros): None here means None when prepared
-        if rz() is not zeros or zeros.numel() != nz:
+        if rz() is not zeros:
             return False
         v[3] = zeros.data_ptr()
     v[0] = x.data_ptr()
@@ -199,8 +202,8 @@ def gemv(x, w, scales, zeros=None, *, out=None, stream=None, config=None):
     cfg = None if config is None else _config_arg(config)
     fast_key = None
     if out is not None and type(x).__module__ == "torch":
-        fast_key = (id(x), id(w), id(scales), id(zeros), id(out), cfg, _env_state())
-        if _replay(fast_key, x, w, scales, zeros, out, stream):
+        fast_key, env = (id(x), id(w), id(scales), id(zeros), id(out), cfg), _env_state()
+        if _replay(fast_key, env, x, w, scales, zeros, out, stream):
             return out
     shape, infos, out_shape = validate(x, w, scales, zeros, out)
     xi = infos[0]
@@ -221,7 +224,7 @@ def gemv(x, w, scales, zeros=None, *, out=None, stream=None, config=None):
         calls = _prepared_calls()
         if len(calls) >= _MAX_PREPARED:
             calls.clear()
-        calls[fast_key] = _Prepared((x, w, scales, zeros, out), kernel, xi.device[1])
+        calls[fast_key] = _Prepared((x, w, scales, zeros, out), env, kernel, xi.device[1])
     return out
 
 

@@ -148,28 +148,40 @@ TC_LOADS_IN_FLIGHT = 4
 STATIC_SMEM_LIMIT = 48 << 10
 
 
+# Where gemv_tc.hip streams (ROLL: each load slot refilled right after use; XSMEM: x staged in
+# shared memory; L2HINT: 256-byte L2 fetches): groups of 128 and more on weights of 24 Mi
+# elements or more. Measured on the H200 (bench/NOTES.md, session 4): 6-12% faster on the large
+# g >= 128 shapes, 3-11% slower on small ones and on g < 128.
+TC_STREAM_MIN_WEIGHTS = 24 << 20
+
+
+def tc_streams(shape: GemvShape) -> bool:
+    return shape.group >= 128 and shape.N * shape.K >= TC_STREAM_MIN_WEIGHTS
+
+
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
-                 contiguous: bool | None = None, **variant) -> KernelGeometry:
+                 contiguous: bool | None = None, stream: bool | None = None) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
-    interleave the warps' steps: each measured faster on the H200 (bench/NOTES.md)."""
+    interleave the warps' steps; large g >= 128 shapes stream (tc_streams). Each choice was
+    measured faster on the H200 (bench/NOTES.md)."""
     if contiguous is None:
         contiguous = shape.group < 128
+    if stream is None:
+        stream = tc_streams(shape)
     tw = cfg.TN // 2
     steps = -(-shape.K // 128)
     ksplit = min(cfg.BS // 32, steps)
     per_warp = -(-steps // ksplit)
     unroll = max(1, min(loads_in_flight // (2 * tw), per_warp))
     rows_per_block = 16 * tw
-    v = {"XSMEM": False, "ACC2": False, "L2HINT": False, "REGS": 0, "ROLL": False, **variant}
-    xsmem = v["XSMEM"] and 2 * shape.K + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
-    min_blocks = 65536 // (v["REGS"] * cfg.BS) if v["REGS"] else 1
+    # x in shared memory where it fits the static limit beside the K-split partial sums.
+    xsmem = stream and 2 * shape.K + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
     flag = lambda b: "true" if b else "false"
     return KernelGeometry(
         TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
-                      ("XSMEM", flag(xsmem)), ("ACC2", flag(v["ACC2"])), ("ROLL", flag(v["ROLL"])), ("L2HINT", int(v["L2HINT"])),
-                      ("LAUNCH_BOUNDS", f"BS, {min_blocks}" if min_blocks > 1 else "BS")),
+                      ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(stream))),
         rows_per_block,
         -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * per_warp),
         cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN, 48 + cfg.TN * unroll * 6 + 4 * tw)

@@ -148,3 +148,34 @@ def test_tc_geometry(group, contiguous):
     assert geo.param("TW") == 2 and geo.rows_per_block == 32 and geo.grid == 128
     assert geo.param("CONTIG") == ("true" if contiguous else "false")
     assert geo.param("UNROLL") * 2 * geo.param("TW") == compiler.TC_LOADS_IN_FLIGHT
+
+
+@pytest.mark.parametrize("N,K,group,streams,xsmem", [
+    (28672, 4096, 128, True, True), (4096, 14336, 256, True, True),
+    (4096, 28672, 128, True, False),   # x (56 KB) does not fit static shared memory: streams without it
+    (4096, 4096, 128, False, False),   # under TC_STREAM_MIN_WEIGHTS
+    (28672, 4096, 64, False, False)])  # groups under 128: the plain kernel measured faster
+def test_tc_streaming_rule(N, K, group, streams, xsmem):
+    """Large g >= 128 shapes stream (ROLL + L2HINT), with x in shared memory where it fits."""
+    shape = GemvShape(N, K, group, False)
+    geo = compiler._tc_geometry(shape, LaunchConfig(512, 2))
+    assert compiler.tc_streams(shape) is streams
+    assert geo.param("ROLL") == ("true" if streams else "false") and geo.param("L2HINT") == int(streams)
+    assert geo.param("XSMEM") == ("true" if xsmem else "false")
+    if xsmem:  # x and the K-split partial sums fit the static limit
+        assert 2 * K + 4 * geo.param("KSPLIT") * geo.rows_per_block <= compiler.STATIC_SMEM_LIMIT
+
+
+@pytest.mark.parametrize("N,K,group,stream", [(8200, 4224, 128, True), (4100, 4160, 32, False)])
+def test_tc_streaming_source_compiles(N, K, group, stream):
+    """Both schedules of gemv_tc.hip render as the rule says and compile with NVRTC, on a
+    partial last row block (and K % 128 != 0 for the plain one)."""
+    from conftest import require_compiler
+    require_compiler("cuda")
+    from int4jit.backends import cuda
+    shape, cfg = GemvShape(N, K, group, False), LaunchConfig(256, 4)
+    assert compiler.tc_streams(shape) is stream
+    name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
+    flag = "true" if stream else "false"
+    assert f"constexpr bool ROLL = {flag};" in source and f"constexpr bool XSMEM = {flag};" in source
+    assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"

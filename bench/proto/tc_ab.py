@@ -33,14 +33,10 @@ def use(kernel: str, pdl: bool = True, **variant):
     launch._loaded.clear()
 
 
-# Session 4: x staged in shared memory per block (XSMEM), each load slot reloaded as soon as it
-# is used (ROLL), two mma accumulator chains (ACC2), a 256-byte L2 fetch hint on weight loads
-# (L2HINT), registers capped so more blocks fit (REGS).
-VARIANTS = {"tc": dict(kernel="tc"), "xs": dict(kernel="tc", XSMEM=True), "roll": dict(kernel="tc", ROLL=True),
-            "roll+xs": dict(kernel="tc", ROLL=True, XSMEM=True),
-            "roll+xs+acc2": dict(kernel="tc", ROLL=True, XSMEM=True, ACC2=True),
-            "roll+xs+l2h": dict(kernel="tc", ROLL=True, XSMEM=True, L2HINT=True),
-            "roll+xs+r64": dict(kernel="tc", ROLL=True, XSMEM=True, REGS=64)}
+# Session 4 variants were x in shared memory, ROLL, two accumulators, an L2 hint and a register
+# cap (bench/results/tc-variants-2026-12-02.txt); what won is the streaming schedule
+# (compiler.tc_streams). Here: both schedules on every shape.
+VARIANTS = {"tc": dict(kernel="tc", stream=False), "tc+stream": dict(kernel="tc", stream=True)}
 
 
 def correctness(dev):

@@ -14,6 +14,11 @@
 //   GROUP >= 128: every lane, so D sums the four chunks of the step (one group) -> scale once.
 //   GROUP <  128: only lane (g == t), so D column n holds chunk n alone (the diagonal trick)
 //                 and each chunk (or half chunk, GROUP 16) is scaled on its own.
+//
+// Streaming (large shapes, compiler.tc_streams): ROLL refills each load slot with the next
+// batch's data as soon as its mma steps are issued, so loads stay in flight while the warp
+// computes; XSMEM stages x in shared memory once per block (no L2 round trip per step);
+// L2HINT asks L2 for 256-byte fetches on weight misses.
 
 constexpr long long N = ${N};
 constexpr int K = ${K};
@@ -23,9 +28,8 @@ constexpr int KSPLIT = ${KSPLIT};        // warps of a block; they split K
 constexpr int TW = ${TW};                // 16-row tiles per warp
 constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight together
 constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT-th)
-constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
-constexpr bool ACC2 = ${ACC2};           // two mma accumulator chains per tile
 constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it is used
+constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -98,9 +102,8 @@ __device__ __forceinline__ void tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRI
     }
 }
 
-// One step of one 16-row tile: rows g (wa) and g+8 (wb), two mma steps per word pair, D scaled
-// per group into acc. ACC2: the mma chains of odd words go to a second accumulator, so
-// consecutive mma steps do not wait on each other.
+// One step of one 16-row tile: rows g and g+8, two mma steps per word pair, D scaled per group
+// into acc.
 __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
                                         const u8 (&zp)[2][SEGS], const u32 (&xp)[4][4]) {
 #pragma unroll
@@ -108,16 +111,11 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], 
         u32 za_lo, za_hi, zb_lo, zb_hi;
         tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][seg], za_lo, za_hi);
         tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][seg], zb_lo, zb_hi);
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int jj = 0; jj < SEG_WORDS; ++jj) {
             const int j = seg * SEG_WORDS + jj;
-            tc_word((ACC2 && (jj & 1)) ? e : d, wq[0][j], wq[1][j], za_lo, za_hi, zb_lo, zb_hi,
-                    xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
-        }
-        if constexpr (ACC2) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) d[i] += e[i];
+            tc_word(d, wq[0][j], wq[1][j], za_lo, za_hi, zb_lo, zb_hi, xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
         }
         // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
         if constexpr (DIAG) {
@@ -236,7 +234,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     }
 }
 
-extern "C" __global__ void __launch_bounds__(${LAUNCH_BOUNDS})
+extern "C" __global__ void __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
     const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
