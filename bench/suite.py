@@ -131,7 +131,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", help="comma-separated NxK subset of the suite (a trial run: nothing is written)")
     ap.add_argument("--groups", default="128,32", help="group sizes (default 128,32)")
+    ap.add_argument("--from-log", metavar="FILE",
+                    help="write RESULTS.md, the JSON and the plot from a run's printed rows (a run cut short)")
     args = ap.parse_args()
+    if args.from_log:
+        return write_from_log(Path(args.from_log))
     suite = SUITE if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     dev = backends.device()
     bw = copy_bw()
@@ -150,11 +154,29 @@ def main():
             rows.append(row)
     if args.shapes:
         return
-    date = datetime.date.today().isoformat()
+    write_outputs(dev.name, bw, rows, datetime.date.today().isoformat())
+
+
+def write_from_log(path: Path):
+    """Rebuild the outputs from a run's log: its first line names the device, each JSON line is
+    a row; the exact copy bandwidth is recovered from a row's bytes, time and % of it. Rows the
+    run did not reach are listed as missing."""
+    text = path.read_text().splitlines()
+    device = text[0].split(":")[0]
+    rows = [json.loads(line) for line in text if line.startswith("{")]
+    r = rows[0]
+    bw = r["bytes"] / (r["int4jit"] * 1e-6) / (r["pct_copy_bw"] / 100)
+    done = {(r["N"], r["K"], r["group"]) for r in rows}
+    missing = [f"{N}×{K} g{G}" for G in (128, 32) for N, K in SUITE if (N, K, G) not in done]
+    date = datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+    write_outputs(device, bw, rows, date, missing)
+
+
+def write_outputs(device: str, bw: float, rows, date: str, missing=()):
     res_dir = ROOT / "bench" / "results"
-    doc = {"device": dev.name, "copy_Bps": bw, "date": date, "rows": rows}
+    doc = {"device": device, "copy_Bps": bw, "date": date, "rows": rows, "missing": list(missing)}
     (res_dir / f"{date}-h200.json").write_text(json.dumps(doc, indent=1))
-    lines = [f"# int4jit vs peers, {dev.name}, {date} (copy {bw / 1e12:.2f} TB/s; µs per call, graph replay)", "",
+    lines = [f"# int4jit vs peers, {device}, {date} (copy {bw / 1e12:.2f} TB/s; µs per call, graph replay)", "",
              "| N×K | g | int4jit µs | GB/s | % copy BW | fp16 cuBLAS | tinygemm | bnb nf4 | gemlite | speed-up vs best peer | rel err |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda r, k: f"{r[k]:.2f}" if k in r else "n/a"
@@ -162,6 +184,8 @@ def main():
         lines.append(f"| {r['N']}×{r['K']} | {r['group']} | {r['int4jit']:.2f} | {r['bytes'] / r['int4jit'] / 1e3:.0f} | "
                      f"{r['pct_copy_bw']:.0f}% | {f(r, 'fp16_cublas')} | {f(r, 'tinygemm')} | {f(r, 'bnb_nf4')} | "
                      f"{f(r, 'gemlite')} | {r['speedup_vs_best_peer']:.2f}× | {r['rel_err']:.1e} |")
+    if missing:
+        lines += ["", f"Not measured in this run (it reached its time limit first): {', '.join(missing)}."]
     lines += ["", f"![% of copy bandwidth](results/{date}-h200.png)"]
     (ROOT / "bench" / "RESULTS.md").write_text("\n".join(lines) + "\n")
     import matplotlib
