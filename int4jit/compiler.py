@@ -149,14 +149,16 @@ STATIC_SMEM_LIMIT = 48 << 10
 
 
 # Where gemv_tc.hip streams (ROLL: each load slot refilled right after use; XSMEM: x staged in
-# shared memory; L2HINT: 256-byte L2 fetches): groups of 128 and more on weights of 24 Mi
-# elements or more. Measured on the H200 (bench/NOTES.md, session 4): 6-12% faster on the large
-# g >= 128 shapes, 3-11% slower on small ones and on g < 128.
+# shared memory; L2HINT: 256-byte L2 fetches): groups of 128 and more, K of 4096 or more (a
+# warp then has steps enough to overlap; at K = 2048 it measured within +-5%) and weights of
+# 24 Mi elements or more. Measured on the H200 (bench/NOTES.md, session 4): 3-12% faster
+# there, 2-11% slower on smaller shapes and on g < 128.
 TC_STREAM_MIN_WEIGHTS = 24 << 20
+TC_STREAM_MIN_K = 4096
 
 
 def tc_streams(shape: GemvShape) -> bool:
-    return shape.group >= 128 and shape.N * shape.K >= TC_STREAM_MIN_WEIGHTS
+    return shape.group >= 128 and shape.K >= TC_STREAM_MIN_K and shape.N * shape.K >= TC_STREAM_MIN_WEIGHTS
 
 
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
