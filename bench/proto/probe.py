@@ -11,7 +11,6 @@
     python3 bench/proto/probe.py [sol] [eager] [--kernel N K G BS TN]
 """
 import argparse
-import ctypes
 import statistics
 import sys
 import time
@@ -49,6 +48,18 @@ extern "C" __global__ void __launch_bounds__(256) read_sol(const u4* p, long lon
 """
 
 
+def graph_us(dev, run_all, stream, launches: int) -> float:
+    """µs per launch: run_all() captured into a graph, replayed, median of 9 event timings."""
+    run_all()
+    dev.synchronize(stream)
+    graph = dev.capture_graph(run_all, stream)
+    try:
+        dev.replay(graph, stream)
+        return 1e3 * dev.time_ms(lambda: dev.replay(graph, stream), 9, stream) / launches
+    finally:
+        dev.destroy_graph(graph)
+
+
 def sol(dev):
     stream = dev.create_stream()
     sizes_mb = [0.5, 2, 4, 8, 16, 29.4, 36.7, 45.9, 58.7, 92, 262.7]
@@ -74,12 +85,7 @@ def sol(dev):
                     def run_all():
                         for a in argsets:
                             dev.launch(fn, grid, 256, a, stream, pdl)
-                    run_all()
-                    dev.synchronize(stream)
-                    graph = dev.capture_graph(run_all, stream)
-                    dev.replay(graph, stream)
-                    us = 1e3 * dev.time_ms(lambda: dev.replay(graph, stream), 9, stream) / copies
-                    dev.destroy_graph(graph)
+                    us = graph_us(dev, run_all, stream, copies)
                     if best is None or us < best[0]:
                         best = (us, unroll, per_sm, pdl)
         # copy bandwidth at the same size (read + write), for reference
@@ -88,12 +94,7 @@ def sol(dev):
         def copy_all():
             for b in bufs:
                 dev.copy_dtod(dst, b, nbytes, stream)
-        copy_all()
-        dev.synchronize(stream)
-        graph = dev.capture_graph(copy_all, stream)
-        dev.replay(graph, stream)
-        cus = 1e3 * dev.time_ms(lambda: dev.replay(graph, stream), 9, stream) / copies
-        dev.destroy_graph(graph)
+        cus = graph_us(dev, copy_all, stream, copies)
         dev.free(dst)
         for b in bufs:
             dev.free(b)

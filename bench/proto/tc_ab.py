@@ -94,39 +94,6 @@ def timing(dev, quick: bool):
         print(f"{shape.key():>22s} {shape.weight_bytes / 1e9:6.3f} " + " ".join(f"{c:>15s}" for c in cells), flush=True)
 
 
-def eager(dev):
-    """Wall time per call from Python, launches queued back to back (the CPU is the limit when
-    the kernel is shorter than the call): bare launch, the same with PDL, and int4jit.gemv."""
-    import statistics
-    import torch
-    import int4jit
-    from int4jit.backends._args import PackedArgs
-    for N, K in ((896, 896), (4096, 4096)):
-        shape = GemvShape(N, K, 128, False)
-        x, w, s, z = reference.random_problem(shape)
-        t = [torch.from_numpy(a).cuda() for a in (x, w, s, z)] + [torch.empty(N, dtype=torch.float16, device="cuda")]
-        args = PackedArgs([a.data_ptr() for a in t])
-        stream = torch.cuda.current_stream().cuda_stream
-        rows = []
-        for name, pdl in (("launch", False), ("launch+pdl", True)):
-            use("tc" if N >= 2048 else "simt", pdl=pdl)
-            k = launch.load_kernel(dev, shape, LaunchConfig(128, 4))
-            rows.append((name, lambda k=k: k.launch_packed(args, stream)))
-        use("tc" if N >= 2048 else "simt")
-        rows.append(("int4jit.gemv", lambda: int4jit.gemv(t[0], t[1], t[2], t[3], out=t[4])))
-        for name, fn in rows:
-            runs = []
-            for _ in range(5):
-                fn()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(2000):
-                    fn()
-                torch.cuda.synchronize()
-                runs.append((time.perf_counter() - t0) / 2000 * 1e6)
-            print(f"eager {N}x{K} {name:>13s}: {statistics.median(runs):6.2f} us/call", flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")

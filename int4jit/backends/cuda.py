@@ -52,6 +52,20 @@ def _libcuda():
         return None
 
 
+class _PerStream(dict):
+    """stream -> the ctypes value a launch passes for it, made on first use (at most 64 kept)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, stream):
+        if len(self) >= 64:
+            self.clear()
+        value = self[stream] = self.make(stream)
+        return value
+
+
 class _LaunchAttribute(ctypes.Structure):
     """CUlaunchAttribute (cuda.h): id, padding to 8 bytes, a 64-byte value union."""
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
@@ -197,36 +211,24 @@ class Device:
         if raw is None:
             return functools.partial(self._launch_bindings, fn, grid, block, overlap=overlap)
         c_fn = ctypes.c_void_p(int(fn))
-        per_stream = {}  # stream -> the ctypes value that carries it (config or handle)
         if overlap:
             launch_ex = raw.cuLaunchKernelEx
             attr_id = int(self._drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            configs = _PerStream(lambda s: ctypes.byref(_overlap_launch_config(grid, block, s, attr_id)))
 
             def run(args: PackedArgs, stream: int = 0):
                 if not getattr(local, "bound", False):
                     bind()
-                config = per_stream.get(stream)
-                if config is None:
-                    if len(per_stream) > 64:
-                        per_stream.clear()
-                    config = per_stream[stream] = ctypes.byref(_overlap_launch_config(grid, block, stream, attr_id))
-                err = launch_ex(config, c_fn, args.params, None)
-                if err:
+                if err := launch_ex(configs[stream], c_fn, args.params, None):
                     raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
             return run
-        launch, one, zero = raw.cuLaunchKernel, ctypes.c_uint(1), ctypes.c_uint(0)
+        launch, one, zero, handles = raw.cuLaunchKernel, ctypes.c_uint(1), ctypes.c_uint(0), _PerStream(ctypes.c_void_p)
         c_grid, c_block = ctypes.c_uint(grid), ctypes.c_uint(block)
 
         def run(args: PackedArgs, stream: int = 0):
             if not getattr(local, "bound", False):
                 bind()
-            handle = per_stream.get(stream)
-            if handle is None:
-                if len(per_stream) > 64:
-                    per_stream.clear()
-                handle = per_stream[stream] = ctypes.c_void_p(stream)
-            err = launch(c_fn, c_grid, one, one, c_block, one, one, zero, handle, args.params, None)
-            if err:
+            if err := launch(c_fn, c_grid, one, one, c_block, one, one, zero, handles[stream], args.params, None):
                 raise DriverError(NAME, "cuLaunchKernel", self._status(err))
         return run
 
