@@ -162,7 +162,7 @@ def tc_streams(shape: GemvShape) -> bool:
 
 
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
-                 contiguous: bool | None = None, stream: bool | None = None) -> KernelGeometry:
+                 contiguous: bool | None = None, stream: bool | None = None, offset: bool = False) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
@@ -178,12 +178,14 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     per_warp = -(-steps // ksplit)
     unroll = max(1, min(loads_in_flight // (2 * tw), per_warp))
     rows_per_block = 16 * tw
-    # x in shared memory where it fits the static limit beside the K-split partial sums.
-    xsmem = stream and 2 * shape.K + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
+    # x in shared memory where it fits the static limit beside the K-split partial sums and the
+    # offsets table (offset: not yet measured on a GPU, bench/NOTES.md session 4; off by default).
+    offsets_bytes = 0 if not offset else 8 * (steps if shape.group >= 128 else 4 * steps * (2 if shape.group == 16 else 1))
+    xsmem = stream and 2 * shape.K + offsets_bytes + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
     flag = lambda b: "true" if b else "false"
     return KernelGeometry(
         TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
-                      ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(stream))),
+                      ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(stream)), ("OFFSET", flag(offset))),
         rows_per_block,
         -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * per_warp),
         cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN, 48 + cfg.TN * unroll * 6 + 4 * tw)

@@ -35,17 +35,22 @@ def use(kernel: str, pdl: bool = True, **variant):
 
 # Session 4 variants were x in shared memory, ROLL, two accumulators, an L2 hint and a register
 # cap (bench/results/tc-variants-2026-12-02.txt); what won is the streaming schedule
-# (compiler.tc_streams). Here: both schedules on every shape.
-VARIANTS = {"tc": dict(kernel="tc", stream=False), "tc+stream": dict(kernel="tc", stream=True)}
+# (compiler.tc_streams), the default now. OFFSET (raw-nibble A, offsets off after the mma) is
+# emulated on the CPU (bench/proto/emulate_tc_offset.py) and compared here.
+VARIANTS = {"tc": dict(kernel="tc"), "tc+offset": dict(kernel="tc", offset=True),
+            "plain+offset": dict(kernel="tc", stream=False, offset=True)}
 
 
-def correctness(dev):
+def correctness(dev, mini: bool = False):
     import torch
     rng = np.random.default_rng(7)
     worst = 0.0
     cases = [(4097, 4096, 128, False), (4096, 4096, 128, True), (1000, 2080, 16, True), (1001, 2080, 16, False),
              (7, 896, 32, False), (333, 4864, 64, False), (520, 1024, 256, False), (8192, 17920, 128, False),
              (1, 128, 128, True), (4096, 14336, 32, False), (33, 96, 32, True), (129, 4112, 16, False)]
+    configs = (LaunchConfig(32, 2), LaunchConfig(128, 4), LaunchConfig(512, 16), LaunchConfig(64, 8), LaunchConfig(256, 2))
+    if mini:
+        cases, configs = cases[:6] + [(8192, 17920, 128, False), (129, 4112, 16, False)], configs[1:3]
     for N, K, g, sym in cases:
         shape = GemvShape(N, K, g, sym)
         x, w, s, z = reference.random_problem(shape, rng)
@@ -53,8 +58,7 @@ def correctness(dev):
         t = [None if a is None else torch.from_numpy(a).cuda() for a in (x, w, s, z)]
         for name, opts in VARIANTS.items():
             use(**opts)
-            for cfg in (LaunchConfig(32, 2), LaunchConfig(128, 4), LaunchConfig(512, 16), LaunchConfig(64, 8),
-                        LaunchConfig(256, 2)):
+            for cfg in configs:
                 out = torch.full((N,), float("nan"), dtype=torch.float16, device="cuda")
                 launch.load_kernel(dev, shape, cfg)(*(0 if a is None else a.data_ptr() for a in t), out.data_ptr())
                 torch.cuda.synchronize()
@@ -64,15 +68,17 @@ def correctness(dev):
                 if err > 2e-3:
                     print(f"  FAIL {shape.key()} {name} {cfg}: {err:.2e} "
                           f"({compiler.kernel_geometry(shape, cfg, dev.arch).template})", flush=True)
-    print(f"correctness: worst relative error {worst:.2e} over {len(cases)} shapes x {len(VARIANTS)} variants x 5 configs", flush=True)
+    print(f"correctness: worst relative error {worst:.2e} over {len(cases)} shapes x {len(VARIANTS)} variants x {len(configs)} configs", flush=True)
 
 
-def timing(dev, quick: bool):
+def timing(dev, quick: bool, mini: bool = False):
     shapes = [(28672, 4096, 128), (4096, 14336, 128), (128256, 4096, 128), (5120, 17920, 128),
               (4096, 4096, 128), (28672, 4096, 32), (4096, 14336, 32), (2048, 2048, 128), (896, 4864, 128),
               (896, 896, 128), (9728, 896, 128), (16384, 2048, 128), (6144, 4096, 128), (3072, 2048, 128)]
     if quick:
         shapes = shapes[:3]
+    if mini:
+        shapes = [(28672, 4096, 128), (4096, 14336, 128), (28672, 4096, 32)]
     print(f"{'shape':>22s} {'GB':>6s} " + " ".join(f"{k:>15s}" for k in VARIANTS)
           + "   (best of 20 configs: us, config)", flush=True)
     for N, K, g in shapes:
@@ -83,7 +89,7 @@ def timing(dev, quick: bool):
         try:
             for opts in VARIANTS.values():
                 use(**opts)
-                compiled = tuner._compile_all(shape, candidate_grid(True), dev.arch)
+                compiled = tuner._compile_all(shape, candidate_grid(not mini), dev.arch)
                 times = {c: tuner.time_kernel(launch.load_kernel(dev, shape, c), bufs, stream)
                          for c, ok in compiled.items() if ok is not None}
                 best = min(times, key=times.get)
@@ -97,13 +103,14 @@ def timing(dev, quick: bool):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--mini", action="store_true", help="8 correctness cases x 2 configs; 3 shapes on the 9-point grid")
     a = ap.parse_args()
     from int4jit import backends
     dev = backends.device()
     t0 = time.time()
-    correctness(dev)
+    correctness(dev, a.mini)
     print(f"({time.time() - t0:.0f} s)", flush=True)
-    timing(dev, a.quick)
+    timing(dev, a.quick, a.mini)
     print(f"({time.time() - t0:.0f} s)", flush=True)
 
 

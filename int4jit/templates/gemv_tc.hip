@@ -30,6 +30,7 @@ constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight toge
 constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT-th)
 constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it is used
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
+constexpr bool OFFSET = ${OFFSET};       // A = 1024 + q straight from the nibbles; offsets off after the mma
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -41,6 +42,12 @@ constexpr long long ROW_BYTES = K / 2;
 constexpr bool DIAG = GROUP < 128;
 constexpr int SEGS = GROUP == 16 ? 2 : 1;          // groups per chunk
 constexpr int SEG_WORDS = 4 / SEGS;                // 8-element words per group segment
+constexpr int ZE = OFFSET && DIAG ? 2 : 1;         // zero points a lane folds per row (its D columns)
+// OFFSET: per step (GROUP >= 128) or per chunk segment (diagonal) of x, the offset the raw
+// (1024 + q) / (1024 + 16q) weights add, C = 1024 sum(x even) + 64 sum(x odd) (+ 8 sum(x) when
+// symmetric), and S = sum(x), which a zero point z multiplies.
+constexpr int OFFS = !OFFSET ? 1 : DIAG ? 4 * STEPS * SEGS : STEPS;
+struct __align__(8) tc_offset { float c, s; };
 constexpr u32 MAGIC_1024 = 0x64006400u;            // fp16 1024.0 in both halves
 constexpr u32 SIXTEENTH = 0x2C002C00u;             // fp16 0.0625 in both halves
 
@@ -102,15 +109,75 @@ __device__ __forceinline__ void tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRI
     }
 }
 
+// OFFSET form of tc_word: A is the raw (1024 + q) pairs of the low nibbles (even k) into dl and
+// (1024 + 16q) of the high nibbles (odd k) into dh; no per-pair subtraction.
+__device__ __forceinline__ void tc_word_raw(float dl[4], float dh[4], u32 qa, u32 qb, u32 x04, u32 x15, u32 x26, u32 x37) {
+    const u32 qa2 = qa >> 8, qb2 = qb >> 8, lo = TC_MASK[0], hi = TC_MASK[1];
+    mma_16816(dl, (qa & lo) | MAGIC_1024, (qb & lo) | MAGIC_1024, (qa2 & lo) | MAGIC_1024, (qb2 & lo) | MAGIC_1024, x04, x26);
+    mma_16816(dh, (qa & hi) | MAGIC_1024, (qb & hi) | MAGIC_1024, (qa2 & hi) | MAGIC_1024, (qb2 & hi) | MAGIC_1024, x15, x37);
+}
+
+// The block's table of offsets (OFFSET), on the tensor cores: B = the step's x pairs as in the
+// main loop, A = 1024 (even k) / 64 (odd k) in rows g and 1 in rows g+8, so D[g] = C and
+// D[g+8] = S per D column (the step, or on the diagonal the chunk). Warps take steps in turn.
+__device__ __forceinline__ void tc_offsets(tc_offset* offs, const u16* I4_RESTRICT x, const u32x4* xs, int ks, int g, int t) {
+    constexpr u32 C_EVEN = 0x64006400u, C_ODD = 0x54005400u, ONE = 0x3C003C00u;  // 1024, 64, 1 in fp16 pairs
+    for (int st = ks; st < STEPS; st += KSPLIT) {
+        u32 xp[4][4];
+        tc_x_pairs(xp, x, xs, 4 * st + t, g, t);
+#pragma unroll
+        for (int seg = 0; seg < SEGS; ++seg) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int jj = 0; jj < SEG_WORDS; ++jj) {
+                const int j = seg * SEG_WORDS + jj;
+                mma_16816(d, C_EVEN, ONE, C_EVEN, ONE, xp[j][0], xp[j][2]);
+                mma_16816(d, C_ODD, ONE, C_ODD, ONE, xp[j][1], xp[j][3]);
+            }
+            // d = C, C', S, S' of D columns 2t, 2t+1
+            if (g == 0) {
+                if constexpr (DIAG) {
+                    if (t < 2) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            offs[(4 * st + 2 * t + e) * SEGS + seg] = {d[e] + (SYMMETRIC ? 8.0f * d[2 + e] : 0.0f), d[2 + e]};
+                    }
+                } else if (t == 0) {
+                    offs[st] = {d[0] + (SYMMETRIC ? 8.0f * d[2] : 0.0f), d[2]};
+                }
+            }
+        }
+    }
+}
+
 // One step of one 16-row tile: rows g and g+8, two mma steps per word pair, D scaled per group
-// into acc.
+// into acc. OFFSET: the raw words' offsets come off per D column (offs: this step's entries).
 __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
-                                        const u8 (&zp)[2][SEGS], const u32 (&xp)[4][4]) {
+                                        const u8 (&zp)[2][ZE][SEGS], const u32 (&xp)[4][4], const tc_offset* offs, int t) {
 #pragma unroll
     for (int seg = 0; seg < SEGS; ++seg) {
+        if constexpr (OFFSET) {
+            float dl[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dh[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int jj = 0; jj < SEG_WORDS; ++jj) {
+                const int j = seg * SEG_WORDS + jj;
+                tc_word_raw(dl, dh, wq[0][j], wq[1][j], xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
+            }
+            // dl + dh/16 = sum(q x) + C: per D column (row h, column e) subtract C and z S, scale.
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
+                    const tc_offset o = offs[DIAG ? (2 * (t & 1) + e) * SEGS + seg : 0];
+                    float r = fmaf(dh[2 * h + e], 0.0625f, dl[2 * h + e]) - o.c;
+                    if constexpr (!SYMMETRIC) r = fmaf(-(float)zp[h][e][seg], o.s, r);
+                    if (!DIAG || t < 2) acc[h] = fmaf(r, h_to_f(sc[h][e][seg]), acc[h]);  // t >= 2: no columns of its own
+                }
+            continue;
+        }
         u32 za_lo, za_hi, zb_lo, zb_hi;
-        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][seg], za_lo, za_hi);
-        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][seg], zb_lo, zb_hi);
+        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][0][seg], za_lo, za_hi);
+        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][0][seg], zb_lo, zb_hi);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int jj = 0; jj < SEG_WORDS; ++jj) {
@@ -138,7 +205,7 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], 
 template <bool TAIL>
 __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
-                                        long long row0, int ks, int g, int t, u32x4* xs) {
+                                        long long row0, int ks, int g, int t, u32x4* xs, tc_offset* offs) {
     long long rows[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw)
@@ -160,7 +227,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     constexpr int BATCH = STEP_STRIDE * UNROLL;  // steps between a warp's consecutive batches
     u32 wq[UNROLL][TW][2][4];
     u16 sc[UNROLL][TW][2][DIAG ? 2 : 1][SEGS];
-    u8 zp[UNROLL][TW][2][SEGS];
+    u8 zp[UNROLL][TW][2][ZE][SEGS];
     auto load_slot = [&](int s0, int u, int tw) {
         const int st = min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
         // On a partial last step a lane past the last chunk re-reads it; its x is masked to zero.
@@ -178,9 +245,15 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
                     sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
             }
             if constexpr (!SYMMETRIC) {
+                // Zero points of the lane's own chunk (they go into A), or with OFFSET of the
+                // chunks whose D columns it folds, like the scales.
 #pragma unroll
-                for (int seg = 0; seg < SEGS; ++seg)
-                    zp[u][tw][h][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * (4 * st + t + c_off) + 16 * seg) / GROUP);
+                for (int e = 0; e < ZE; ++e) {
+                    const int zc = OFFSET ? min(4 * st + fold_chunk + e, CHUNKS - 1) : 4 * st + t + c_off;
+#pragma unroll
+                    for (int seg = 0; seg < SEGS; ++seg)
+                        zp[u][tw][h][e][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * zc + 16 * seg) / GROUP);
+                }
             }
             if constexpr (ROLL) issue_fence((u32)(unsigned long long)src);
         }
@@ -192,13 +265,17 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) load_slot(s0, u, tw);
     };
-    constexpr bool PEEL = XSMEM || ROLL;  // the first batch is loaded before the loop
+    constexpr bool PEEL = XSMEM || ROLL || OFFSET;  // the first batch is loaded before the loop
     if constexpr (PEEL) load_batch(s_begin);
     if constexpr (XSMEM) {
         // x into shared memory once per block (asynchronous copies, no registers held), while
         // the first batch of weights is in flight.
         for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
         copy_async_wait_all();
+        __syncthreads();
+    }
+    if constexpr (OFFSET) {
+        tc_offsets(offs, x, xs, ks, g, t);
         __syncthreads();
     }
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
@@ -225,7 +302,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             tc_x_pairs(xp, x, xs, 4 * step + t, g, t);
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) {
-                tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp);
+                tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp, offs + (DIAG ? 4 * step * SEGS : step), t);
                 if constexpr (ROLL) {
                     if (more) load_slot(s0 + BATCH, u, tw);
                 }
@@ -244,11 +321,12 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
     __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
+    __shared__ tc_offset offs[OFFS];         // the offsets table (OFFSET)
     I4_GRID_WAIT();
     if (N % ROWS_PER_BLOCK != 0 && blockIdx.x == gridDim.x - 1)
-        tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t, xs);
+        tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t, xs, offs);
     else
-        tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t, xs);
+        tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t, xs, offs);
 
     I4_GRID_LAUNCH_DEPENDENTS();
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.

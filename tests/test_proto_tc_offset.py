@@ -1,0 +1,43 @@
+"""gemv_tc.hip's OFFSET form (session 4; off by default until an A/B on the GPU): the lane and
+fragment mapping of the raw-nibble mma steps and of the block's offsets table, emulated with the
+PTX ISA's m16n8k16 layouts, computes the GEMV; and the kernel with it compiles for sm_80/sm_90."""
+import functools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import int4jit
+from int4jit import compiler
+from int4jit.shapes import GemvShape, LaunchConfig
+
+from conftest import require_compiler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "proto"))
+import emulate_tc_offset  # noqa: E402
+
+
+@pytest.mark.parametrize("N,K,G,sym", [(17, 256, 128, False), (16, 256, 256, True), (16, 160, 32, False),
+                                       (21, 96, 16, False), (16, 128, 64, True)])
+def test_offset_form_computes_the_gemv(N, K, G, sym):
+    rng = np.random.default_rng()
+    w = rng.integers(0, 256, (N, K // 2), dtype=np.uint8)
+    s = (rng.random((N, K // G)) * 0.02 + 1e-3).astype(np.float16)
+    z = None if sym else rng.integers(0, 16, (N, K // G), dtype=np.uint8)
+    x = (rng.standard_normal(K) + 0.5).astype(np.float16)
+    ref = int4jit.reference_gemv(x, w, s, z)
+    y = emulate_tc_offset.emulate(x, w, s, z, N, K, G)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-12
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("N,K,G,sym", [(28672, 4096, 128, False), (4097, 4160, 16, True), (4096, 14336, 32, False)])
+def test_offset_form_compiles(arch, N, K, G, sym, monkeypatch):
+    require_compiler("cuda")
+    from int4jit.backends import cuda
+    monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(compiler._tc_geometry, offset=True))
+    monkeypatch.setenv("INT4JIT_KERNEL", "tc")
+    name, source = compiler.render_gemv_source(GemvShape(N, K, G, sym), LaunchConfig(256, 4), arch)
+    assert "constexpr bool OFFSET = true;" in source
+    assert cuda.compile_source(source, name, arch, compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
