@@ -179,7 +179,8 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     unroll = max(1, min(loads_in_flight // (2 * tw), per_warp))
     rows_per_block = 16 * tw
     # x in shared memory where it fits the static limit beside the K-split partial sums and the
-    # offsets table (offset: not yet measured on a GPU, bench/NOTES.md session 4; off by default).
+    # offsets table (offset: correct on the H200 but slower while blocks are short-lived; off,
+    # kept for a persistent design, bench/NOTES.md session 4).
     offsets_bytes = 0 if not offset else 8 * (steps if shape.group >= 128 else 4 * steps * (2 if shape.group == 16 else 1))
     xsmem = stream and 2 * shape.K + offsets_bytes + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
     flag = lambda b: "true" if b else "false"

@@ -1,4 +1,4 @@
-"""gemv_tc.hip's OFFSET form (session 4; off by default until an A/B on the GPU): the lane and
+"""gemv_tc.hip's OFFSET form (session 4; off: slower on the H200 while blocks are short-lived): the lane and
 fragment mapping of the raw-nibble mma steps and of the block's offsets table, emulated with the
 PTX ISA's m16n8k16 layouts, computes the GEMV; and the kernel with it compiles for sm_80/sm_90."""
 import functools

@@ -1,4 +1,4 @@
-"""CPU emulation of gemv_tc.hip with OFFSET (session 4, not yet run on a GPU): A = the raw
+"""CPU emulation of gemv_tc.hip with OFFSET (session 4; correct on the H200, off by default): A = the raw
 (1024 + q) / (1024 + 16q) nibble pairs, low nibbles into one accumulator and high into another,
 the offsets C = 1024 sum(x even) + 64 sum(x odd) (+ 8 sum(x) when symmetric) and S = sum(x)
 taken off per D column from a table the block computes on the tensor cores (A constant).
