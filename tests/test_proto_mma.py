@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import int4jit
+from int4jit import reference
+from int4jit.shapes import GemvShape
 
 from conftest import require_compiler
 
@@ -18,14 +20,9 @@ import run_mma_proto  # noqa: E402
 @pytest.mark.parametrize("N,K,G,sym", [(16, 128, 32, False), (21, 96, 16, False), (40, 256, 128, True),
                                        (16, 160, 32, False), (3, 64, 64, False)])
 def test_fragment_mapping_computes_the_gemv(N, K, G, sym):
-    rng = np.random.default_rng()
-    w = rng.integers(0, 256, (N, K // 2), dtype=np.uint8)
-    s = (rng.random((N, K // G)) * 0.02 + 1e-3).astype(np.float16)
-    z = None if sym else rng.integers(0, 16, (N, K // G), dtype=np.uint8)
-    x = rng.standard_normal(K).astype(np.float16)
+    x, w, s, z = reference.random_problem(GemvShape(N, K, G, sym))
     ref = int4jit.reference_gemv(x, w, s, z)
-    y = emulate_mma.emulate(x, w, s, z, N, K, G)
-    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-12
+    assert np.linalg.norm(emulate_mma.emulate(x, w, s, z, N, K, G) - ref) / np.linalg.norm(ref) < 1e-12
 
 
 def test_prototype_compiles():
