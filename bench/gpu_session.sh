@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # A release check on the H200 (carry .whl and .peers), in steps that each fit one device call
 # (10 minutes at most): `tests` (the gpu-marked tests, ~4 min) and `table` (table.json re-tuned
-# by bench/make_table.py, both symmetries, ~1.5 min) together, then `suite` alone (bench/suite.py
-# against the four peers -> RESULTS.md, JSON, PNG; over 6.5 min in session 4):
-#   bash bench/gpu_session.sh tests table;  bash bench/gpu_session.sh suite
-# Everything it writes that should come back lands in $OUT. If the suite is cut short,
-# `python3 bench/suite.py --from-log suite.txt` writes the outputs from the rows it printed.
+# by bench/make_table.py, both symmetries, ~1.5 min) together, then the suite (bench/suite.py
+# against the four peers; over 6.5 min for both groups in session 4) one group per call:
+#   bash bench/gpu_session.sh tests table;  bash bench/gpu_session.sh suite128;  bash bench/gpu_session.sh suite32
+# then, here: python3 bench/suite.py --from-log suite-g128.txt suite-g32.txt  (RESULTS.md, JSON, PNG)
+# Everything it writes that should come back lands in $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 INT4JIT_CACHE_DIR=/tmp/i4c
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-steps=" ${*:-tests table suite} "
+steps=" ${*:-tests table suite128 suite32} "
 if [[ $steps == *" tests "* ]]; then
     timeout 300 python3 -m pytest tests -q -m gpu -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -3
 fi
@@ -18,8 +18,9 @@ if [[ $steps == *" table "* ]]; then
     timeout 200 python3 bench/make_table.py --out-dir "$OUT" 2>&1 | tee "$OUT/table-log.txt" | tail -2
     cp int4jit/table.json "$OUT/"
 fi
-if [[ $steps == *" suite "* ]]; then
-    timeout 560 python3 bench/suite.py 2>&1 | tee "$OUT/suite.txt" | grep -v '^{' | tail -5
-    cp bench/RESULTS.md bench/results/*-h200.* "$OUT/" 2>/dev/null
-fi
+for g in 128 32; do
+    if [[ $steps == *" suite$g "* ]]; then
+        timeout 560 python3 bench/suite.py --groups $g 2>&1 | tee "$OUT/suite-g$g.txt" | grep -v '^{' | tail -3
+    fi
+done
 ls "$OUT"

@@ -131,11 +131,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", help="comma-separated NxK subset of the suite (a trial run: nothing is written)")
     ap.add_argument("--groups", default="128,32", help="group sizes (default 128,32)")
-    ap.add_argument("--from-log", metavar="FILE",
-                    help="write RESULTS.md, the JSON and the plot from a run's printed rows (a run cut short)")
+    ap.add_argument("--from-log", metavar="FILE", nargs="+",
+                    help="write RESULTS.md, the JSON and the plot from the rows runs printed (a run cut short, "
+                         "or one run per group in separate calls); the first log's copy bandwidth is used")
     args = ap.parse_args()
     if args.from_log:
-        return write_from_log(Path(args.from_log))
+        return write_from_log([Path(f) for f in args.from_log])
     suite = SUITE if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     dev = backends.device()
     bw = copy_bw()
@@ -157,18 +158,25 @@ def main():
     write_outputs(dev.name, bw, rows, datetime.date.today().isoformat())
 
 
-def write_from_log(path: Path):
-    """Rebuild the outputs from a run's log: its first line names the device, each JSON line is
-    a row; the exact copy bandwidth is recovered from a row's bytes, time and % of it. Rows the
-    run did not reach are listed as missing."""
-    text = path.read_text().splitlines()
-    device = text[0].split(":")[0]
-    rows = [json.loads(line) for line in text if line.startswith("{")]
+def write_from_log(paths):
+    """Rebuild the outputs from runs' logs: a log's first line names the device, each JSON line
+    is a row (a later log's row replaces an earlier one of the same shape); the exact copy
+    bandwidth is recovered from the first row's bytes, time and % of it. Rows no log reached
+    are listed as missing."""
+    device, by_shape = None, {}
+    for path in paths:
+        text = path.read_text().splitlines()
+        device = device or text[0].split(":")[0]
+        for line in text:
+            if line.startswith("{"):
+                r = json.loads(line)
+                by_shape[(r["N"], r["K"], r["group"])] = r
+    order = {(N, K, G): i for i, (G, (N, K)) in enumerate((G, nk) for G in (128, 32) for nk in SUITE)}
+    rows = sorted(by_shape.values(), key=lambda r: order.get((r["N"], r["K"], r["group"]), len(order)))
     r = rows[0]
     bw = r["bytes"] / (r["int4jit"] * 1e-6) / (r["pct_copy_bw"] / 100)
-    done = {(r["N"], r["K"], r["group"]) for r in rows}
-    missing = [f"{N}×{K} g{G}" for G in (128, 32) for N, K in SUITE if (N, K, G) not in done]
-    date = datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+    missing = [f"{N}×{K} g{G}" for (N, K, G) in order if (N, K, G) not in by_shape]
+    date = datetime.date.fromtimestamp(max(p.stat().st_mtime for p in paths)).isoformat()
     write_outputs(device, bw, rows, date, missing)
 
 
