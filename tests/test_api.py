@@ -108,3 +108,40 @@ def test_config_as_list_is_accepted_and_validated_first():
         int4jit.gemv(*good(), config=[256, 4])
     with pytest.raises(ValueError, match="config"):
         int4jit.gemv(*good(), config=[[256], 4])
+
+
+class _RecordingKernel:
+    def __init__(self):
+        self.launches = []
+
+    def launch_packed(self, args, stream):
+        self.launches.append((list(args.values), stream))
+
+
+def test_torch_fast_path_replays_only_for_the_same_tensors_and_environment(monkeypatch):
+    """The per-call path of a prepared torch call: it launches with the tensors' current data
+    pointers (a tensor given new storage is followed), and declines (so the full path runs) for
+    another tensor object or a changed selection variable."""
+    torch = pytest.importorskip("torch")
+    from int4jit import api
+    monkeypatch.setattr(api, "_torch_stream_getter", lambda: (lambda index: 0x5000 + index))
+    monkeypatch.delenv("INT4JIT_CONFIG", raising=False)
+    N, K = 64, 256
+    x, w = torch.ones(K, dtype=torch.float16), torch.zeros(N, K // 2, dtype=torch.uint8)
+    s, out = torch.ones(N, K // 128, dtype=torch.float16), torch.empty(N, dtype=torch.float16)
+    kernel = _RecordingKernel()
+    key, env = (id(x), id(w), id(s), id(None), id(out), None), api._env_state()
+    api._prepared_calls()[key] = api._Prepared((x, w, s, None, out), env, kernel, 1)
+    try:
+        assert api._replay(key, env, x, w, s, None, out, None)
+        assert kernel.launches[-1] == ([x.data_ptr(), w.data_ptr(), s.data_ptr(), 0, out.data_ptr()], 0x5001)
+        x.set_(torch.full((K,), 2.0, dtype=torch.float16))  # new storage, same object
+        assert api._replay(key, env, x, w, s, None, out, 77)
+        assert kernel.launches[-1][0][0] == x.data_ptr() and kernel.launches[-1][1] == 77
+        other = torch.empty(N, dtype=torch.float16)
+        assert not api._replay(key, env, x, w, s, None, other, None)  # not the prepared out
+        monkeypatch.setenv("INT4JIT_CONFIG", "128,4")
+        assert not api._replay(key, api._env_state(), x, w, s, None, out, None)  # selection may differ
+        assert len(kernel.launches) == 2
+    finally:
+        api._prepared_calls().pop(key, None)
