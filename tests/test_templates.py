@@ -1,4 +1,5 @@
 """Rendering: every grid point, every group, both vendors; derived geometry invariants."""
+import functools
 import re
 
 import pytest
@@ -166,8 +167,9 @@ def test_tc_streaming_rule(N, K, group, streams, xsmem):
         assert 2 * K + 4 * geo.param("KSPLIT") * geo.rows_per_block <= compiler.STATIC_SMEM_LIMIT
 
 
+@pytest.mark.parametrize("lean", [False, True])
 @pytest.mark.parametrize("N,K,group,stream", [(8200, 4224, 128, True), (4100, 4160, 32, False)])
-def test_tc_streaming_source_compiles(N, K, group, stream):
+def test_tc_streaming_source_compiles(N, K, group, stream, lean, monkeypatch):
     """Both schedules of gemv_tc.hip render as the rule says and compile with NVRTC, on a
     partial last row block (and K % 128 != 0 for the plain one)."""
     from conftest import require_compiler
@@ -175,7 +177,10 @@ def test_tc_streaming_source_compiles(N, K, group, stream):
     from int4jit.backends import cuda
     shape, cfg = GemvShape(N, K, group, False), LaunchConfig(256, 4)
     assert compiler.tc_streams(shape) is stream
+    monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(compiler._tc_geometry, lean=lean))
     name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
     flag = "true" if stream else "false"
     assert f"constexpr bool ROLL = {flag};" in source and f"constexpr bool XSMEM = {flag};" in source
+    # LEAN only changes the streaming schedule
+    assert f"constexpr bool LEAN = {'true' if lean and stream else 'false'};" in source
     assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"

@@ -31,6 +31,7 @@ constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of s
 constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it is used
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
 constexpr bool OFFSET = ${OFFSET};       // A = 1024 + q straight from the nibbles; offsets off after the mma
+constexpr bool LEAN = ${LEAN};           // ROLL: refill addresses unclamped, one issue fence per slot
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -228,8 +229,10 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     u32 wq[UNROLL][TW][2][4];
     u16 sc[UNROLL][TW][2][DIAG ? 2 : 1][SEGS];
     u8 zp[UNROLL][TW][2][ZE][SEGS];
-    auto load_slot = [&](int s0, int u, int tw) {
-        const int st = min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
+    // in_range: the caller knows the step exists (no clamping, so addresses advance linearly).
+    auto load_slot = [&](int s0, int u, int tw, bool in_range) {
+        const int st = in_range ? s0 + u * STEP_STRIDE : min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
+        const bool whole = in_range && K % 128 == 0;  // every chunk of the step exists
         // On a partial last step a lane past the last chunk re-reads it; its x is masked to zero.
         const int c_off = K % 128 == 0 ? 0 : min(4 * st + t, CHUNKS - 1) - (4 * st + t);
 #pragma unroll
@@ -239,7 +242,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             wq[u][tw][h][0] = v.x; wq[u][tw][h][1] = v.y; wq[u][tw][h][2] = v.z; wq[u][tw][h][3] = v.w;
 #pragma unroll
             for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
-                const int fc = min(4 * st + fold_chunk + e, CHUNKS - 1);
+                const int fc = whole ? 4 * st + fold_chunk + e : min(4 * st + fold_chunk + e, CHUNKS - 1);
 #pragma unroll
                 for (int seg = 0; seg < SEGS; ++seg)
                     sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
@@ -249,13 +252,16 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
                 // chunks whose D columns it folds, like the scales.
 #pragma unroll
                 for (int e = 0; e < ZE; ++e) {
-                    const int zc = OFFSET ? min(4 * st + fold_chunk + e, CHUNKS - 1) : 4 * st + t + c_off;
+                    const int zc = !OFFSET ? 4 * st + t + c_off
+                                   : whole ? 4 * st + fold_chunk + e : min(4 * st + fold_chunk + e, CHUNKS - 1);
 #pragma unroll
                     for (int seg = 0; seg < SEGS; ++seg)
                         zp[u][tw][h][e][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * zc + 16 * seg) / GROUP);
                 }
             }
-            if constexpr (ROLL) issue_fence((u32)(unsigned long long)src);
+            if constexpr (ROLL) {
+                if (!LEAN || h == 0) issue_fence((u32)(unsigned long long)src);  // LEAN: one per slot
+            }
         }
     };
     // Issue every load of a batch before using any of them.
@@ -263,7 +269,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-            for (int tw = 0; tw < TW; ++tw) load_slot(s0, u, tw);
+            for (int tw = 0; tw < TW; ++tw) load_slot(s0, u, tw, false);
     };
     constexpr bool PEEL = XSMEM || ROLL || OFFSET;  // the first batch is loaded before the loop
     if constexpr (PEEL) load_batch(s_begin);
@@ -304,7 +310,8 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             for (int tw = 0; tw < TW; ++tw) {
                 tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp, offs + (DIAG ? 4 * step * SEGS : step), t);
                 if constexpr (ROLL) {
-                    if (more) load_slot(s0 + BATCH, u, tw);
+                    // With one step a batch, `more` means that step exists (LEAN: say so).
+                    if (more) load_slot(s0 + BATCH, u, tw, LEAN && UNROLL == 1);
                 }
             }
         }
