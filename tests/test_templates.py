@@ -184,3 +184,21 @@ def test_tc_streaming_source_compiles(N, K, group, stream, lean, monkeypatch):
     # LEAN only changes the streaming schedule
     assert f"constexpr bool LEAN = {'true' if lean and stream else 'false'};" in source
     assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("N,K,group,sym", [(28673, 4096, 128, False), (4097, 4160, 16, True), (4096, 14336, 32, False)])
+def test_tc_persistent_variant_compiles(N, K, group, sym, monkeypatch):
+    """PERSIST (off by default; for the next GPU A/B): a persistent geometry whose source, with the
+    offsets table and LEAN refills, compiles with NVRTC (partial last tile, diagonal groups)."""
+    from conftest import require_compiler
+    require_compiler("cuda")
+    from int4jit.backends import cuda
+    shape, cfg = GemvShape(N, K, group, sym), LaunchConfig(128, 4)
+    geo = compiler._tc_geometry(shape, cfg, persist=True, offset=True, lean=True)
+    assert geo.persistent and geo.param("PERSIST") == "true" and geo.grid == -(-N // geo.rows_per_block)
+    assert compiler._tc_geometry(shape, cfg).persistent is False  # the default stays one block a tile
+    monkeypatch.setattr(compiler, "_tc_geometry",
+                        functools.partial(compiler._tc_geometry, persist=True, offset=True, lean=True))
+    name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
+    assert "constexpr bool PERSIST = true;" in source and "constexpr bool OFFSET = true;" in source
+    assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"

@@ -36,11 +36,15 @@ def use(kernel: str, pdl: bool = True, **variant):
 # Session 4 variants were x in shared memory, ROLL, two accumulators, an L2 hint and a register
 # cap (bench/results/tc-variants-2026-12-02.txt); what won is the streaming schedule
 # (compiler.tc_streams), the default now. OFFSET (raw-nibble A, offsets off after the mma) was
-# correct but slower (tc-offset-2026-12-02.txt). Next: LEAN (streaming refills with unclamped,
-# linearly advancing addresses and one issue fence per slot: 308 -> 270 SASS instructions a loop
-# at 28672x4096), not yet run on a GPU.
+# correct but slower with short-lived blocks (tc-offset-2026-12-02.txt). Written for the next
+# A/B, not yet run on a GPU: LEAN (streaming refills with unclamped addresses and one issue
+# fence per slot: 308 -> 270 SASS instructions a loop at 28672x4096) and PERSIST (the grid is
+# what the device holds; blocks walk the tiles, so x staging and the offsets table are built
+# once per block: with OFFSET + LEAN 199 instructions a loop, 90 registers).
 VARIANTS = {"tc": dict(kernel="tc"), "tc+lean": dict(kernel="tc", lean=True),
-            "tc+offset": dict(kernel="tc", offset=True)}
+            "persist": dict(kernel="tc", persist=True),
+            "persist+offset": dict(kernel="tc", persist=True, offset=True),
+            "persist+offset+lean": dict(kernel="tc", persist=True, offset=True, lean=True)}
 
 
 def correctness(dev, mini: bool = False):

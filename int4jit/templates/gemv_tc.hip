@@ -32,6 +32,7 @@ constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it 
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
 constexpr bool OFFSET = ${OFFSET};       // A = 1024 + q straight from the nibbles; offsets off after the mma
 constexpr bool LEAN = ${LEAN};           // ROLL: refill addresses unclamped, one issue fence per slot
+constexpr bool PERSIST = ${PERSIST};     // grid = what the device holds at once; blocks walk the tiles
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -206,7 +207,8 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], 
 template <bool TAIL>
 __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
-                                        long long row0, int ks, int g, int t, u32x4* xs, tc_offset* offs) {
+                                        long long row0, int ks, int g, int t, u32x4* xs, tc_offset* offs,
+                                        bool first) {
     long long rows[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw)
@@ -273,16 +275,21 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     };
     constexpr bool PEEL = XSMEM || ROLL || OFFSET;  // the first batch is loaded before the loop
     if constexpr (PEEL) load_batch(s_begin);
+    // Once per block (`first`, the same in every thread of it): x into shared memory
+    // (asynchronous copies, no registers held) and the offsets table, while the first batch of
+    // weights is in flight.
     if constexpr (XSMEM) {
-        // x into shared memory once per block (asynchronous copies, no registers held), while
-        // the first batch of weights is in flight.
-        for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
-        copy_async_wait_all();
-        __syncthreads();
+        if (first) {
+            for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
+            copy_async_wait_all();
+            __syncthreads();
+        }
     }
     if constexpr (OFFSET) {
-        tc_offsets(offs, x, xs, ks, g, t);
-        __syncthreads();
+        if (first) {
+            tc_offsets(offs, x, xs, ks, g, t);
+            __syncthreads();
+        }
     }
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
         if constexpr (!PEEL) load_batch(s0);
@@ -318,24 +325,11 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BS)
-${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
-               const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
-    const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
-    const long long row0 = (long long)blockIdx.x * ROWS_PER_BLOCK;
-    float acc[TW][2];
-#pragma unroll
-    for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
-    __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
-    __shared__ tc_offset offs[OFFS];         // the offsets table (OFFSET)
-    I4_GRID_WAIT();
-    if (N % ROWS_PER_BLOCK != 0 && blockIdx.x == gridDim.x - 1)
-        tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t, xs, offs);
-    else
-        tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t, xs, offs);
-
-    I4_GRID_LAUNCH_DEPENDENTS();
+// The rows of one block's tile (ROWS_PER_BLOCK rows from row0) into y: the warps' K-split sums
+// are added through shared memory (`partial`); the trailing barrier lets a persistent block
+// reuse it for its next tile.
+__device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y, long long row0, int ks, int g, int t,
+                                         float (*partial)[ROWS_PER_BLOCK]) {
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
     if constexpr (DIAG) {
 #pragma unroll
@@ -354,7 +348,6 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
                 }
         }
     } else {
-        __shared__ float partial[KSPLIT][ROWS_PER_BLOCK];
         if (t == 0) {
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw)
@@ -372,5 +365,38 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
                 y[row0 + i] = f_to_h(sum);
             }
         }
+        if constexpr (PERSIST) __syncthreads();
+    }
+}
+
+// PERSIST: the grid is what the device holds at once and a block walks the tiles grid-stride,
+// so the once-per-block work (x in shared memory, the offsets table) is shared by its tiles.
+extern "C" __global__ void __launch_bounds__(BS)
+${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
+               const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
+    constexpr long long TILES = (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+    const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
+    __shared__ tc_offset offs[OFFS];         // the offsets table (OFFSET)
+    __shared__ float partial[KSPLIT > 1 ? KSPLIT : 1][ROWS_PER_BLOCK];
+    auto run_tile = [&](unsigned tile, bool first, bool last) {
+        const long long row0 = (long long)tile * ROWS_PER_BLOCK;
+        float acc[TW][2];
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
+        if (N % ROWS_PER_BLOCK != 0 && tile == (PERSIST ? (unsigned)TILES : gridDim.x) - 1)
+            tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t, xs, offs, first);
+        else
+            tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t, xs, offs, first);
+        if (last) I4_GRID_LAUNCH_DEPENDENTS();  // the block's last tile: the next kernel may start
+        tc_store(acc, y, row0, ks, g, t, partial);
+    };
+    I4_GRID_WAIT();
+    if constexpr (PERSIST) {
+        for (unsigned tile = blockIdx.x; tile < TILES; tile += gridDim.x)
+            run_tile(tile, tile == blockIdx.x, tile + gridDim.x >= TILES);
+    } else {
+        run_tile(blockIdx.x, true, true);
     }
 }
