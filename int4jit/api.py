@@ -23,6 +23,7 @@ _ENV_KEYS = (ALIASES["INT4JIT_CONFIG"] + ALIASES["INT4JIT_EXHAUSTIVE_TUNE"] + AL
 _kernels: dict[tuple, object] = {}
 _kernels_lock = threading.Lock()
 _local = threading.local()  # per-thread prepared calls: their argument buffers are mutated
+_NO_CALLS: dict = {}        # a thread's calls before it has prepared any
 _MAX_PREPARED = 4096
 
 
@@ -78,7 +79,7 @@ def _torch_stream(index: int) -> int:
 def _replay(key, env, x, w, scales, zeros, out, stream) -> bool:
     """Launch a prepared call again if these are its tensors and the environment it was
     selected under; False if there is none."""
-    p = _prepared_calls().get(key)
+    p = getattr(_local, "calls", _NO_CALLS).get(key)
     if p is None or p.env != env:
         return False
     rx, rw, rs, rz, ro = p.refs
