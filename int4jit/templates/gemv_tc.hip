@@ -262,7 +262,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
                 }
             }
             if constexpr (ROLL) {
-                if (!LEAN || h == 0) issue_fence((u32)(unsigned long long)src);  // LEAN: one per slot
+                if (!LEAN || h == 0) issue_barrier((u32)(unsigned long long)src);  // on the address; LEAN: one per slot
             }
         }
     };

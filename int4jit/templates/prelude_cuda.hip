@@ -71,8 +71,9 @@ __device__ __forceinline__ void mma_16816(float d[4], u32 a0, u32 a1, u32 a2, u3
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel)); return d;
 }
-// A branch on every loaded word, never taken: ptxas must issue all of a batch's loads before
-// it, instead of sinking them below the first arithmetic to save registers.
+// A never-taken branch on v: it ends the basic block, so ptxas cannot sink the loads issued
+// before it below the arithmetic after it (instead of issuing them late to save registers).
+// On the loaded words it also waits for them; on an address it waits for nothing.
 __device__ __forceinline__ void issue_barrier(u32 v) {
     if (v == 0x9E3779B9u) asm volatile("nanosleep.u32 0;");
 }
@@ -86,11 +87,6 @@ __device__ __forceinline__ void copy_async16(u32 dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// A branch on a value that needs no load (an address), never taken: it ends the basic block, so
-// ptxas cannot sink the loads issued before it below the arithmetic after it.
-__device__ __forceinline__ void issue_fence(u32 v) {
-    if (v == 0x9E3779B9u) asm volatile("nanosleep.u32 0;");
-}
 // Programmatic dependent launch (sm_90+; the launch sets the attribute): a kernel may start
 // while the one before it on the stream drains. It waits for that kernel's writes before its
 // first global read, and lets the next one start once its own loads are done.
