@@ -242,3 +242,31 @@ def test_launch_config_struct_matches_cuda_h():
     assert ctypes.sizeof(cuda._LaunchAttribute) == 72
     assert cuda._LaunchConfig.hStream.offset == 32 and cuda._LaunchConfig.attrs.offset == 40
     assert cuda._LaunchConfig.numAttrs.offset == 48 and ctypes.sizeof(cuda._LaunchConfig) == 56
+
+
+def test_cuda_bindings_fallback_with_overlap(fake_cuda):
+    """Without libcuda through ctypes, a PDL launch goes through cuda-bindings' cuLaunchKernelEx
+    with one config per stream: grid, block, the stream and programmatic serialization set."""
+    import types
+    fake, _ = fake_cuda
+    launched = []
+
+    class Value:
+        programmaticStreamSerializationAllowed = 0
+
+    fake.CUlaunchAttribute = lambda: types.SimpleNamespace(id=None, value=Value())
+    fake.CUlaunchConfig = types.SimpleNamespace
+    fake.CUlaunchAttributeID = type("L", (), {"CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION": 6})
+    fake.overrides["cuLaunchKernelEx"] = lambda cfg, f, params, extra: (
+        launched.append((cfg, f, decode_cuda_params(params, 5), extra)) or (Status(0),))
+    dev = cuda.Device(0)
+    _, fn = dev.load(b"x", "k")
+    run = dev.launcher(fn, 896, 128, True)
+    for stream in (0x77, 0x88, 0x77):
+        run(PackedArgs([1, 2, 3, 4, 5]), stream)
+    assert [(c.gridDimX, c.blockDimX, c.hStream, c.numAttrs) for c, *_ in launched] == [(896, 128, 0x77, 1), (896, 128, 0x88, 1),
+                                                                                          (896, 128, 0x77, 1)]
+    assert launched[0][0] is launched[2][0] and launched[0][0] is not launched[1][0]  # one config per stream
+    attr = launched[0][0].attrs[0]
+    assert attr.id == 6 and attr.value.programmaticStreamSerializationAllowed == 1
+    assert all(f == fn and params == [1, 2, 3, 4, 5] and extra == 0 for _, f, params, extra in launched)

@@ -137,8 +137,8 @@ def eager(dev):
         if N == 896:
             k = launch.load_kernel(dev, shape, LaunchConfig(128, 2))
             for overlap in (False, True):
-                rows.append((f"bindings launch, pdl={int(overlap)}",
-                             lambda o=overlap: dev._launch_bindings(k.function, k.grid, k.block, args, stream, o)))
+                bound = dev._bindings_launcher(k.function, k.grid, k.block, overlap)
+                rows.append((f"bindings launch, pdl={int(overlap)}", lambda b=bound: b(args, stream)))
                 run = dev.launcher(k.function, k.grid, k.block, overlap)
                 rows.append((f"ctypes launch, pdl={int(overlap)}", lambda r=run: r(args, stream)))
         rows.append(("int4jit.gemv out=", lambda: int4jit.gemv(t[0], t[1], t[2], t[3], out=t[4])))

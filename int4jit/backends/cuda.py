@@ -168,7 +168,6 @@ class Device:
         self.name = raw.split(b"\0", 1)[0].decode()
         self.has_dot2 = False
         self.supports_overlap = major >= 9  # programmatic dependent launch
-        self._overlap_configs = {}  # (function, grid, block, stream) -> CUlaunchConfig (bindings path)
         self._launchers = {}  # (function, grid, block, overlap) -> prepared launch callable
 
     def __repr__(self):
@@ -209,7 +208,7 @@ class Device:
     def _make_launcher(self, fn, grid: int, block: int, overlap: bool):
         raw, local, bind = _libcuda(), self._local, self.make_current
         if raw is None:
-            return functools.partial(self._launch_bindings, fn, grid, block, overlap=overlap)
+            return self._bindings_launcher(fn, grid, block, overlap)
         c_fn = ctypes.c_void_p(int(fn))
         if overlap:
             launch_ex = raw.cuLaunchKernelEx
@@ -238,22 +237,28 @@ class Device:
         except ValueError:
             return f"CUresult {err}"
 
-    def _launch_bindings(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
-        """The launch through cuda-bindings, where libcuda cannot be reached through ctypes."""
-        self.make_current()
+    def _bindings_launcher(self, fn, grid: int, block: int, overlap: bool):
+        """The same launch through cuda-bindings, where libcuda cannot be reached through ctypes."""
+        drv, bind = self._drv, self.make_current
         if overlap:
-            config = self._overlap_configs.get((fn, grid, block, stream))
-            if config is None:
-                config = self._overlap_config(fn, grid, block, stream)
-            (err,) = self._drv.cuLaunchKernelEx(config, fn, args.params_address, 0)
-            if int(err) != 0:
-                raise DriverError(NAME, "cuLaunchKernelEx", status_name(err))
-            return
-        (err,) = self._drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
-        if int(err) != 0:
-            raise DriverError(NAME, "cuLaunchKernel", status_name(err))
+            configs = _PerStream(lambda s: self._overlap_config(grid, block, s))
 
-    def _overlap_config(self, fn, grid: int, block: int, stream: int):
+            def run(args: PackedArgs, stream: int = 0):
+                bind()
+                (err,) = drv.cuLaunchKernelEx(configs[stream], fn, args.params_address, 0)
+                if int(err) != 0:
+                    raise DriverError(NAME, "cuLaunchKernelEx", status_name(err))
+            return run
+
+        def run(args: PackedArgs, stream: int = 0):
+            bind()
+            (err,) = drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
+            if int(err) != 0:
+                raise DriverError(NAME, "cuLaunchKernel", status_name(err))
+        return run
+
+    def _overlap_config(self, grid: int, block: int, stream: int):
+        """cuda-bindings' CUlaunchConfig with programmatic stream serialization allowed."""
         drv = self._drv
         attr = drv.CUlaunchAttribute()
         attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -263,9 +268,6 @@ class Device:
         config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
         config.sharedMemBytes, config.hStream = 0, stream
         config.attrs, config.numAttrs = [attr], 1
-        if len(self._overlap_configs) > 4096:
-            self._overlap_configs.clear()
-        self._overlap_configs[(fn, grid, block, stream)] = config
         return config
 
     def blocks_per_sm(self, fn, block: int) -> int:
