@@ -148,11 +148,11 @@ TC_LOADS_IN_FLIGHT = 4
 STATIC_SMEM_LIMIT = 48 << 10
 
 
-# Where gemv_tc.hip streams (ROLL: each load slot refilled right after use; XSMEM: x staged in
-# shared memory; L2HINT: 256-byte L2 fetches): groups of 128 and more, K of 4096 or more (a
-# warp then has steps enough to overlap; at K = 2048 it measured within +-5%) and weights of
-# 24 Mi elements or more. Measured on the H200 (bench/NOTES.md, session 4): 3-12% faster
-# there, 2-11% slower on smaller shapes and on g < 128.
+# Where gemv_tc.hip streams (ROLL: each load slot refilled right after use, one issue fence per
+# slot; XSMEM: x staged in shared memory; L2HINT: 256-byte L2 fetches): groups of 128 and more,
+# K of 4096 or more (a warp then has steps enough to overlap; at K = 2048 it measured within
+# +-5%) and weights of 24 Mi elements or more. Measured on the H200 (bench/NOTES.md, sessions
+# 4 and 5): 3-12% faster there, 2-11% slower on smaller shapes and on g < 128.
 TC_STREAM_MIN_WEIGHTS = 24 << 20
 TC_STREAM_MIN_K = 4096
 
@@ -162,8 +162,7 @@ def tc_streams(shape: GemvShape) -> bool:
 
 
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
-                 contiguous: bool | None = None, stream: bool | None = None, offset: bool = False,
-                 lean: bool = False, persist: bool = False) -> KernelGeometry:
+                 contiguous: bool | None = None, stream: bool | None = None) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
@@ -179,18 +178,14 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     per_warp = -(-steps // ksplit)
     unroll = max(1, min(loads_in_flight // (2 * tw), per_warp))
     rows_per_block = 16 * tw
-    # x in shared memory where it fits the static limit beside the K-split partial sums and the
-    # offsets table (offset: correct on the H200 but slower while blocks are short-lived; off,
-    # kept for a persistent design, bench/NOTES.md session 4).
-    offsets_bytes = 0 if not offset else 8 * (steps if shape.group >= 128 else 4 * steps * (2 if shape.group == 16 else 1))
-    xsmem = stream and 2 * shape.K + offsets_bytes + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
+    # x in shared memory where it fits the static limit beside the K-split partial sums.
+    xsmem = stream and 2 * shape.K + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
     flag = lambda b: "true" if b else "false"
     return KernelGeometry(
         TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
-                      ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(stream)), ("OFFSET", flag(offset)),
-                      ("LEAN", flag(lean and stream)), ("PERSIST", flag(persist))),
+                      ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(stream))),
         rows_per_block,
-        -(-shape.N // rows_per_block), 32 * ksplit, persist, (shape.K // 32) / (4 * ksplit * per_warp),
+        -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * per_warp),
         cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN, 48 + cfg.TN * unroll * 6 + 4 * tw)
 
 

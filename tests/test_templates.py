@@ -1,5 +1,4 @@
 """Rendering: every grid point, every group, both vendors; derived geometry invariants."""
-import functools
 import re
 
 import pytest
@@ -167,9 +166,8 @@ def test_tc_streaming_rule(N, K, group, streams, xsmem):
         assert 2 * K + 4 * geo.param("KSPLIT") * geo.rows_per_block <= compiler.STATIC_SMEM_LIMIT
 
 
-@pytest.mark.parametrize("lean", [False, True])
 @pytest.mark.parametrize("N,K,group,stream", [(8200, 4224, 128, True), (4100, 4160, 32, False)])
-def test_tc_streaming_source_compiles(N, K, group, stream, lean, monkeypatch):
+def test_tc_streaming_source_compiles(N, K, group, stream):
     """Both schedules of gemv_tc.hip render as the rule says and compile with NVRTC, on a
     partial last row block (and K % 128 != 0 for the plain one)."""
     from conftest import require_compiler
@@ -177,28 +175,7 @@ def test_tc_streaming_source_compiles(N, K, group, stream, lean, monkeypatch):
     from int4jit.backends import cuda
     shape, cfg = GemvShape(N, K, group, False), LaunchConfig(256, 4)
     assert compiler.tc_streams(shape) is stream
-    monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(compiler._tc_geometry, lean=lean))
     name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
     flag = "true" if stream else "false"
     assert f"constexpr bool ROLL = {flag};" in source and f"constexpr bool XSMEM = {flag};" in source
-    # LEAN only changes the streaming schedule
-    assert f"constexpr bool LEAN = {'true' if lean and stream else 'false'};" in source
-    assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
-
-
-@pytest.mark.parametrize("N,K,group,sym", [(28673, 4096, 128, False), (4097, 4160, 16, True), (4096, 14336, 32, False)])
-def test_tc_persistent_variant_compiles(N, K, group, sym, monkeypatch):
-    """PERSIST (off by default; for the next GPU A/B): a persistent geometry whose source, with the
-    offsets table and LEAN refills, compiles with NVRTC (partial last tile, diagonal groups)."""
-    from conftest import require_compiler
-    require_compiler("cuda")
-    from int4jit.backends import cuda
-    shape, cfg = GemvShape(N, K, group, sym), LaunchConfig(128, 4)
-    geo = compiler._tc_geometry(shape, cfg, persist=True, offset=True, lean=True)
-    assert geo.persistent and geo.param("PERSIST") == "true" and geo.grid == -(-N // geo.rows_per_block)
-    assert compiler._tc_geometry(shape, cfg).persistent is False  # the default stays one block a tile
-    monkeypatch.setattr(compiler, "_tc_geometry",
-                        functools.partial(compiler._tc_geometry, persist=True, offset=True, lean=True))
-    name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
-    assert "constexpr bool PERSIST = true;" in source and "constexpr bool OFFSET = true;" in source
     assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"

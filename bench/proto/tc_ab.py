@@ -1,12 +1,11 @@
-"""gemv_tc.hip variants in one process on the GPU (session 3: against gemv.hip; session 4: the
-shared-memory ring of cp.async copies against register loads).
+"""gemv_tc.hip variants (keywords of compiler._tc_geometry) A/B'd in one process on the GPU.
 
 1. correctness: random problems against the float64 reference over groups, symmetric and
    not, N not a multiple of the block's rows, K not a multiple of 128, several configs;
-2. timing: best of the 20-point grid per kernel (and per loads-in-flight setting of the tc
-   kernel) on the suite's large and mid shapes, graph replay over rotating weight copies.
+2. timing: best of the 20-point grid per variant on the suite's large and mid shapes, graph
+   replay over rotating weight copies.
 
-    python3 bench/proto/tc_ab.py [--quick]
+    python3 bench/proto/tc_ab.py [--quick | --mini]
 """
 import argparse
 import functools
@@ -33,18 +32,13 @@ def use(kernel: str, pdl: bool = True, **variant):
     launch._loaded.clear()
 
 
-# Session 4 variants were x in shared memory, ROLL, two accumulators, an L2 hint and a register
-# cap (bench/results/tc-variants-2026-12-02.txt); what won is the streaming schedule
-# (compiler.tc_streams), the default now. OFFSET (raw-nibble A, offsets off after the mma) was
-# correct but slower with short-lived blocks (tc-offset-2026-12-02.txt). Written for the next
-# A/B, not yet run on a GPU: LEAN (streaming refills with unclamped addresses and one issue
-# fence per slot: 308 -> 270 SASS instructions a loop at 28672x4096) and PERSIST (the grid is
-# what the device holds; blocks walk the tiles, so x staging and the offsets table are built
-# once per block: with OFFSET + LEAN 199 instructions a loop, 90 registers).
-VARIANTS = {"tc": dict(kernel="tc"), "tc+lean": dict(kernel="tc", lean=True),
-            "persist": dict(kernel="tc", persist=True),
-            "persist+offset": dict(kernel="tc", persist=True, offset=True),
-            "persist+offset+lean": dict(kernel="tc", persist=True, offset=True, lean=True)}
+# What was tried, on the H200 (bench/NOTES.md): session 4 x in shared memory, ROLL, two
+# accumulators, an L2 hint, a register cap (tc-variants-2026-12-02.txt: the streaming schedule
+# won) and OFFSET (tc-offset-); session 5 LEAN (adopted: one fence per slot, unclamped refills),
+# PERSIST with and without OFFSET (slower everywhere; removed), EARLY (the first batch asked of L2
+# before griddepcontrol.wait) and AHEAD (each refill also prefetching 1-2 batches on) — both
+# slower (tc-ab-session5-*). Add a variant as a _tc_geometry keyword and an entry here.
+VARIANTS = {"tc": dict(kernel="tc"), "tc, no streaming": dict(kernel="tc", stream=False)}
 
 
 def correctness(dev, mini: bool = False):

@@ -30,9 +30,6 @@ constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight toge
 constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT-th)
 constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it is used
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
-constexpr bool OFFSET = ${OFFSET};       // A = 1024 + q straight from the nibbles; offsets off after the mma
-constexpr bool LEAN = ${LEAN};           // ROLL: refill addresses unclamped, one issue fence per slot
-constexpr bool PERSIST = ${PERSIST};     // grid = what the device holds at once; blocks walk the tiles
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -44,12 +41,6 @@ constexpr long long ROW_BYTES = K / 2;
 constexpr bool DIAG = GROUP < 128;
 constexpr int SEGS = GROUP == 16 ? 2 : 1;          // groups per chunk
 constexpr int SEG_WORDS = 4 / SEGS;                // 8-element words per group segment
-constexpr int ZE = OFFSET && DIAG ? 2 : 1;         // zero points a lane folds per row (its D columns)
-// OFFSET: per step (GROUP >= 128) or per chunk segment (diagonal) of x, the offset the raw
-// (1024 + q) / (1024 + 16q) weights add, C = 1024 sum(x even) + 64 sum(x odd) (+ 8 sum(x) when
-// symmetric), and S = sum(x), which a zero point z multiplies.
-constexpr int OFFS = !OFFSET ? 1 : DIAG ? 4 * STEPS * SEGS : STEPS;
-struct __align__(8) tc_offset { float c, s; };
 constexpr u32 MAGIC_1024 = 0x64006400u;            // fp16 1024.0 in both halves
 constexpr u32 SIXTEENTH = 0x2C002C00u;             // fp16 0.0625 in both halves
 
@@ -111,75 +102,15 @@ __device__ __forceinline__ void tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRI
     }
 }
 
-// OFFSET form of tc_word: A is the raw (1024 + q) pairs of the low nibbles (even k) into dl and
-// (1024 + 16q) of the high nibbles (odd k) into dh; no per-pair subtraction.
-__device__ __forceinline__ void tc_word_raw(float dl[4], float dh[4], u32 qa, u32 qb, u32 x04, u32 x15, u32 x26, u32 x37) {
-    const u32 qa2 = qa >> 8, qb2 = qb >> 8, lo = TC_MASK[0], hi = TC_MASK[1];
-    mma_16816(dl, (qa & lo) | MAGIC_1024, (qb & lo) | MAGIC_1024, (qa2 & lo) | MAGIC_1024, (qb2 & lo) | MAGIC_1024, x04, x26);
-    mma_16816(dh, (qa & hi) | MAGIC_1024, (qb & hi) | MAGIC_1024, (qa2 & hi) | MAGIC_1024, (qb2 & hi) | MAGIC_1024, x15, x37);
-}
-
-// The block's table of offsets (OFFSET), on the tensor cores: B = the step's x pairs as in the
-// main loop, A = 1024 (even k) / 64 (odd k) in rows g and 1 in rows g+8, so D[g] = C and
-// D[g+8] = S per D column (the step, or on the diagonal the chunk). Warps take steps in turn.
-__device__ __forceinline__ void tc_offsets(tc_offset* offs, const u16* I4_RESTRICT x, const u32x4* xs, int ks, int g, int t) {
-    constexpr u32 C_EVEN = 0x64006400u, C_ODD = 0x54005400u, ONE = 0x3C003C00u;  // 1024, 64, 1 in fp16 pairs
-    for (int st = ks; st < STEPS; st += KSPLIT) {
-        u32 xp[4][4];
-        tc_x_pairs(xp, x, xs, 4 * st + t, g, t);
-#pragma unroll
-        for (int seg = 0; seg < SEGS; ++seg) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int jj = 0; jj < SEG_WORDS; ++jj) {
-                const int j = seg * SEG_WORDS + jj;
-                mma_16816(d, C_EVEN, ONE, C_EVEN, ONE, xp[j][0], xp[j][2]);
-                mma_16816(d, C_ODD, ONE, C_ODD, ONE, xp[j][1], xp[j][3]);
-            }
-            // d = C, C', S, S' of D columns 2t, 2t+1
-            if (g == 0) {
-                if constexpr (DIAG) {
-                    if (t < 2) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            offs[(4 * st + 2 * t + e) * SEGS + seg] = {d[e] + (SYMMETRIC ? 8.0f * d[2 + e] : 0.0f), d[2 + e]};
-                    }
-                } else if (t == 0) {
-                    offs[st] = {d[0] + (SYMMETRIC ? 8.0f * d[2] : 0.0f), d[2]};
-                }
-            }
-        }
-    }
-}
-
 // One step of one 16-row tile: rows g and g+8, two mma steps per word pair, D scaled per group
-// into acc. OFFSET: the raw words' offsets come off per D column (offs: this step's entries).
+// into acc.
 __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
-                                        const u8 (&zp)[2][ZE][SEGS], const u32 (&xp)[4][4], const tc_offset* offs, int t) {
+                                        const u8 (&zp)[2][SEGS], const u32 (&xp)[4][4]) {
 #pragma unroll
     for (int seg = 0; seg < SEGS; ++seg) {
-        if constexpr (OFFSET) {
-            float dl[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dh[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int jj = 0; jj < SEG_WORDS; ++jj) {
-                const int j = seg * SEG_WORDS + jj;
-                tc_word_raw(dl, dh, wq[0][j], wq[1][j], xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
-            }
-            // dl + dh/16 = sum(q x) + C: per D column (row h, column e) subtract C and z S, scale.
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
-                    const tc_offset o = offs[DIAG ? (2 * (t & 1) + e) * SEGS + seg : 0];
-                    float r = fmaf(dh[2 * h + e], 0.0625f, dl[2 * h + e]) - o.c;
-                    if constexpr (!SYMMETRIC) r = fmaf(-(float)zp[h][e][seg], o.s, r);
-                    if (!DIAG || t < 2) acc[h] = fmaf(r, h_to_f(sc[h][e][seg]), acc[h]);  // t >= 2: no columns of its own
-                }
-            continue;
-        }
         u32 za_lo, za_hi, zb_lo, zb_hi;
-        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][0][seg], za_lo, za_hi);
-        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][0][seg], zb_lo, zb_hi);
+        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][seg], za_lo, za_hi);
+        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][seg], zb_lo, zb_hi);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int jj = 0; jj < SEG_WORDS; ++jj) {
@@ -207,8 +138,7 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], 
 template <bool TAIL>
 __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
-                                        long long row0, int ks, int g, int t, u32x4* xs, tc_offset* offs,
-                                        bool first) {
+                                        long long row0, int ks, int g, int t, u32x4* xs) {
     long long rows[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw)
@@ -230,7 +160,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     constexpr int BATCH = STEP_STRIDE * UNROLL;  // steps between a warp's consecutive batches
     u32 wq[UNROLL][TW][2][4];
     u16 sc[UNROLL][TW][2][DIAG ? 2 : 1][SEGS];
-    u8 zp[UNROLL][TW][2][ZE][SEGS];
+    u8 zp[UNROLL][TW][2][SEGS];
     // in_range: the caller knows the step exists (no clamping, so addresses advance linearly).
     auto load_slot = [&](int s0, int u, int tw, bool in_range) {
         const int st = in_range ? s0 + u * STEP_STRIDE : min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
@@ -250,19 +180,14 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
                     sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
             }
             if constexpr (!SYMMETRIC) {
-                // Zero points of the lane's own chunk (they go into A), or with OFFSET of the
-                // chunks whose D columns it folds, like the scales.
+                // Zero points of the lane's own chunk: they go into A.
 #pragma unroll
-                for (int e = 0; e < ZE; ++e) {
-                    const int zc = !OFFSET ? 4 * st + t + c_off
-                                   : whole ? 4 * st + fold_chunk + e : min(4 * st + fold_chunk + e, CHUNKS - 1);
-#pragma unroll
-                    for (int seg = 0; seg < SEGS; ++seg)
-                        zp[u][tw][h][e][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * zc + 16 * seg) / GROUP);
-                }
+                for (int seg = 0; seg < SEGS; ++seg)
+                    zp[u][tw][h][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * (4 * st + t + c_off) + 16 * seg) / GROUP);
             }
+            // ROLL: one issue fence per slot, on an address (ptxas then keeps the refill's loads here).
             if constexpr (ROLL) {
-                if (!LEAN || h == 0) issue_barrier((u32)(unsigned long long)src);  // on the address; LEAN: one per slot
+                if (h == 0) issue_barrier((u32)(unsigned long long)src);
             }
         }
     };
@@ -273,23 +198,14 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) load_slot(s0, u, tw, false);
     };
-    constexpr bool PEEL = XSMEM || ROLL || OFFSET;  // the first batch is loaded before the loop
+    constexpr bool PEEL = XSMEM || ROLL;  // the first batch is loaded before the loop
     if constexpr (PEEL) load_batch(s_begin);
-    // Once per block (`first`, the same in every thread of it): x into shared memory
-    // (asynchronous copies, no registers held) and the offsets table, while the first batch of
+    // x into shared memory (asynchronous copies, no registers held) while the first batch of
     // weights is in flight.
     if constexpr (XSMEM) {
-        if (first) {
-            for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
-            copy_async_wait_all();
-            __syncthreads();
-        }
-    }
-    if constexpr (OFFSET) {
-        if (first) {
-            tc_offsets(offs, x, xs, ks, g, t);
-            __syncthreads();
-        }
+        for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
+        copy_async_wait_all();
+        __syncthreads();
     }
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
         if constexpr (!PEEL) load_batch(s0);
@@ -315,19 +231,18 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             tc_x_pairs(xp, x, xs, 4 * step + t, g, t);
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) {
-                tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp, offs + (DIAG ? 4 * step * SEGS : step), t);
+                tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp);
                 if constexpr (ROLL) {
-                    // With one step a batch, `more` means that step exists (LEAN: say so).
-                    if (more) load_slot(s0 + BATCH, u, tw, LEAN && UNROLL == 1);
+                    // With one step a batch, `more` means that step exists: no clamping.
+                    if (more) load_slot(s0 + BATCH, u, tw, UNROLL == 1);
                 }
             }
         }
     }
 }
 
-// The rows of one block's tile (ROWS_PER_BLOCK rows from row0) into y: the warps' K-split sums
-// are added through shared memory (`partial`); the trailing barrier lets a persistent block
-// reuse it for its next tile.
+// The block's rows (ROWS_PER_BLOCK from row0) into y: the warps' K-split sums are added
+// through shared memory (`partial`).
 __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y, long long row0, int ks, int g, int t,
                                          float (*partial)[ROWS_PER_BLOCK]) {
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
@@ -365,38 +280,25 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y
                 y[row0 + i] = f_to_h(sum);
             }
         }
-        if constexpr (PERSIST) __syncthreads();
     }
 }
 
-// PERSIST: the grid is what the device holds at once and a block walks the tiles grid-stride,
-// so the once-per-block work (x in shared memory, the offsets table) is shared by its tiles.
 extern "C" __global__ void __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
-    constexpr long long TILES = (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
+    const long long row0 = (long long)blockIdx.x * ROWS_PER_BLOCK;
     __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
-    __shared__ tc_offset offs[OFFS];         // the offsets table (OFFSET)
     __shared__ float partial[KSPLIT > 1 ? KSPLIT : 1][ROWS_PER_BLOCK];
-    auto run_tile = [&](unsigned tile, bool first, bool last) {
-        const long long row0 = (long long)tile * ROWS_PER_BLOCK;
-        float acc[TW][2];
+    float acc[TW][2];
 #pragma unroll
-        for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
-        if (N % ROWS_PER_BLOCK != 0 && tile == (PERSIST ? (unsigned)TILES : gridDim.x) - 1)
-            tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t, xs, offs, first);
-        else
-            tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t, xs, offs, first);
-        if (last) I4_GRID_LAUNCH_DEPENDENTS();  // the block's last tile: the next kernel may start
-        tc_store(acc, y, row0, ks, g, t, partial);
-    };
+    for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
     I4_GRID_WAIT();
-    if constexpr (PERSIST) {
-        for (unsigned tile = blockIdx.x; tile < TILES; tile += gridDim.x)
-            run_tile(tile, tile == blockIdx.x, tile + gridDim.x >= TILES);
-    } else {
-        run_tile(blockIdx.x, true, true);
-    }
+    if (N % ROWS_PER_BLOCK != 0 && blockIdx.x == gridDim.x - 1)
+        tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t, xs);
+    else
+        tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t, xs);
+    I4_GRID_LAUNCH_DEPENDENTS();  // this block's loads are done: the next kernel may start
+    tc_store(acc, y, row0, ks, g, t, partial);
 }
