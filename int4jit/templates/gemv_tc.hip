@@ -198,21 +198,17 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) load_slot(s0, u, tw, false);
     };
-    constexpr bool PEEL = XSMEM || ROLL;  // the first batch is loaded before the loop
-    if constexpr (PEEL) load_batch(s_begin);
-    // x into shared memory (asynchronous copies, no registers held) while the first batch of
-    // weights is in flight.
+    // ROLL: the first batch is loaded before the loop, and x goes into shared memory
+    // (asynchronous copies, no registers held) while it is in flight.
+    if constexpr (ROLL) load_batch(s_begin);
     if constexpr (XSMEM) {
         for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
         copy_async_wait_all();
         __syncthreads();
     }
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
-        if constexpr (!PEEL) load_batch(s0);
-        else if constexpr (!ROLL) {
-            if (s0 != s_begin) load_batch(s0);
-        }
         if constexpr (!ROLL) {
+            load_batch(s0);
             u32 all = 0;
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u)
@@ -242,7 +238,8 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 }
 
 // The block's rows (ROWS_PER_BLOCK from row0) into y: the warps' K-split sums are added
-// through shared memory (`partial`).
+// through shared memory (`partial`, declared beside x so the streaming build's layout stays
+// as measured).
 __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y, long long row0, int ks, int g, int t,
                                          float (*partial)[ROWS_PER_BLOCK]) {
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
