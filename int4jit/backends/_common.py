@@ -1,9 +1,24 @@
-"""Pieces both backends share: the checked-call helper and event timing."""
+"""Pieces both backends share: the checked-call helper, event timing, a bounded memo."""
 from __future__ import annotations
 
 import statistics
 
 from ..errors import DriverError
+
+
+class MadeOnMiss(dict):
+    """key -> make(key), made on first use; cleared when `limit` entries are held (a bound on
+    what long-running processes keep: launch callables, per-stream launch values)."""
+
+    def __init__(self, make, limit: int):
+        super().__init__()
+        self.make, self.limit = make, limit
+
+    def __missing__(self, key):
+        if len(self) >= self.limit:
+            self.clear()
+        value = self[key] = self.make(key)
+        return value
 
 
 def status_name(err) -> str:

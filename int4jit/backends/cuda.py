@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import BackendUnavailable, CompileError, DriverError
 from ..trace import trace
 from ._args import PackedArgs
-from ._common import make_check, median_event_ms, status_name
+from ._common import MadeOnMiss, make_check, median_event_ms, status_name
 
 NAME = "cuda"
 BINARY_KIND = "cubin"
@@ -52,18 +52,9 @@ def _libcuda():
         return None
 
 
-class _PerStream(dict):
-    """stream -> the ctypes value a launch passes for it, made on first use (at most 64 kept)."""
-
-    def __init__(self, make):
-        super().__init__()
-        self.make = make
-
-    def __missing__(self, stream):
-        if len(self) >= 64:
-            self.clear()
-        value = self[stream] = self.make(stream)
-        return value
+def _per_stream(make) -> MadeOnMiss:
+    """stream -> the value a launch passes for it, made on first use (at most 64 kept)."""
+    return MadeOnMiss(make, 64)
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -168,7 +159,8 @@ class Device:
         self.name = raw.split(b"\0", 1)[0].decode()
         self.has_dot2 = False
         self.supports_overlap = major >= 9  # programmatic dependent launch
-        self._launchers = {}  # (function, grid, block, overlap) -> prepared launch callable
+        # (function, grid, block, overlap) -> prepared launch callable
+        self._launchers = MadeOnMiss(lambda key: self._make_launcher(*key[:3], key[3] and self.supports_overlap), 4096)
 
     def __repr__(self):
         return f"<int4jit cuda device {self.ordinal}: {self.name} ({self.arch}, {self.sm_count} SMs)>"
@@ -197,13 +189,7 @@ class Device:
     def launcher(self, fn, grid: int, block: int, overlap: bool = False):
         """A callable (args, stream) launching `fn` over `grid` blocks of `block` threads, with
         everything that does not change between calls prepared once (the per-call path)."""
-        key = (fn, grid, block, overlap)
-        run = self._launchers.get(key)
-        if run is None:
-            if len(self._launchers) > 4096:
-                self._launchers.clear()
-            run = self._launchers[key] = self._make_launcher(fn, grid, block, overlap and self.supports_overlap)
-        return run
+        return self._launchers[(fn, grid, block, overlap)]
 
     def _make_launcher(self, fn, grid: int, block: int, overlap: bool):
         raw, local, bind = _libcuda(), self._local, self.make_current
@@ -213,7 +199,7 @@ class Device:
         if overlap:
             launch_ex = raw.cuLaunchKernelEx
             attr_id = int(self._drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            configs = _PerStream(lambda s: ctypes.byref(_overlap_launch_config(grid, block, s, attr_id)))
+            configs = _per_stream(lambda s: ctypes.byref(_overlap_launch_config(grid, block, s, attr_id)))
 
             def run(args: PackedArgs, stream: int = 0):
                 if not getattr(local, "bound", False):
@@ -221,7 +207,7 @@ class Device:
                 if err := launch_ex(configs[stream], c_fn, args.params, None):
                     raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
             return run
-        launch, one, zero, handles = raw.cuLaunchKernel, ctypes.c_uint(1), ctypes.c_uint(0), _PerStream(ctypes.c_void_p)
+        launch, one, zero, handles = raw.cuLaunchKernel, ctypes.c_uint(1), ctypes.c_uint(0), _per_stream(ctypes.c_void_p)
         c_grid, c_block = ctypes.c_uint(grid), ctypes.c_uint(block)
 
         def run(args: PackedArgs, stream: int = 0):
@@ -241,7 +227,7 @@ class Device:
         """The same launch through cuda-bindings, where libcuda cannot be reached through ctypes."""
         drv, bind = self._drv, self.make_current
         if overlap:
-            configs = _PerStream(lambda s: self._overlap_config(grid, block, s))
+            configs = _per_stream(lambda s: self._overlap_config(grid, block, s))
 
             def run(args: PackedArgs, stream: int = 0):
                 bind()

@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import BackendUnavailable, CompileError, DriverError
 from ..trace import trace
 from ._args import PackedArgs
-from ._common import make_check, median_event_ms, status_name
+from ._common import MadeOnMiss, make_check, median_event_ms, status_name
 
 NAME = "hip"
 BINARY_KIND = "hsaco"
@@ -189,7 +189,7 @@ class Device:
         self.name = name.decode() if isinstance(name, bytes) else str(name)
         self.has_dot2 = self.arch in DOT2_TARGETS
         self.supports_overlap = False  # HIP has no programmatic dependent launch
-        self._launchers = {}  # (function, grid, block) -> prepared launch callable
+        self._launchers = MadeOnMiss(lambda key: self._make_launcher(*key), 4096)  # (function, grid, block) -> launch callable
 
     def __repr__(self):
         return f"<int4jit hip device {self.ordinal}: {self.name} ({self.full_arch}, {self.sm_count} CUs)>"
@@ -215,13 +215,7 @@ class Device:
     def launcher(self, fn, grid: int, block: int, overlap: bool = False):
         """A callable (args, stream) launching `fn` over `grid` blocks of `block` threads, with
         everything that does not change between calls bound once (the per-call path)."""
-        key = (fn, grid, block)
-        run = self._launchers.get(key)
-        if run is None:
-            if len(self._launchers) > 4096:
-                self._launchers.clear()
-            run = self._launchers[key] = self._make_launcher(fn, grid, block)
-        return run
+        return self._launchers[(fn, grid, block)]
 
     def _make_launcher(self, fn, grid: int, block: int):
         launch, local, bind = self._hip.hipModuleLaunchKernel, self._local, self.make_current
