@@ -19,6 +19,13 @@
 // batch's data as soon as its mma steps are issued, so loads stay in flight while the warp
 // computes; XSMEM stages x in shared memory once per block (no L2 round trip per step);
 // L2HINT asks L2 for 256-byte fetches on weight misses.
+//
+// RAW_A: A is the raw (1024 + q) / (64 + q) pairs the LOP3s make (no subtraction), so
+// D = sum x q + 1024 sum x_even + 64 sum x_odd over the group or chunk. The offsets are the same
+// for every row: a second mma per step with a constant A (1024 / 64 on rows g, 1 on rows g+8)
+// gives C = 1024 sum x_even + 64 sum x_odd and S = sum x in every lane, and the fold takes
+// D - C - z S. Exact products still; the sums lose ~7 bits of fp32 to the 1024 offset.
+// XPERM: x is staged in shared memory already paired as the mma's B wants it (no PRMT per step).
 
 constexpr long long N = ${N};
 constexpr int K = ${K};
@@ -30,6 +37,8 @@ constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight toge
 constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT-th)
 constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it is used
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
+constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets come off after the mma
+constexpr bool XPERM = XSMEM && ${XPERM};  // staged x already paired for B
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -43,6 +52,9 @@ constexpr int SEGS = GROUP == 16 ? 2 : 1;          // groups per chunk
 constexpr int SEG_WORDS = 4 / SEGS;                // 8-element words per group segment
 constexpr u32 MAGIC_1024 = 0x64006400u;            // fp16 1024.0 in both halves
 constexpr u32 SIXTEENTH = 0x2C002C00u;             // fp16 0.0625 in both halves
+constexpr u32 MAGIC_64 = 0x54005400u;              // fp16 64.0: its mantissa bits 4-7 count ones
+constexpr u32 H2_ONES = 0x3C003C00u;               // fp16 1.0 in both halves
+constexpr int ZE = RAW_A && DIAG ? 2 : 1;          // zero points a lane folds per row and segment
 
 static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
@@ -82,35 +94,97 @@ __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u
               x26, x37);
 }
 
+// RAW_A: the same word with A = (1024 + q) on even k and (64 + q) on odd k, one LOP3 per pair.
+__device__ __forceinline__ void tc_word_raw(float d[4], u32 qa, u32 qb, u32 x04, u32 x15, u32 x26, u32 x37) {
+    const u32 qa2 = qa >> 8, qb2 = qb >> 8, lo = TC_MASK[0], hi = TC_MASK[1];
+    mma_16816(d, (qa & lo) | MAGIC_1024, (qb & lo) | MAGIC_1024, (qa & hi) | MAGIC_64, (qb & hi) | MAGIC_64, x04, x15);
+    mma_16816(d, (qa2 & lo) | MAGIC_1024, (qb2 & lo) | MAGIC_1024, (qa2 & hi) | MAGIC_64, (qb2 & hi) | MAGIC_64, x26, x37);
+}
+
+// RAW_A: the offsets of a step, shared by every row, from one mma per word with the lane's x
+// (unmasked) as A — even-k pairs on rows g, odd-k pairs on rows g+8 — and B = ones where the
+// lane's chunk counts (all, or its diagonal column). Sums E (even k) and O (odd k) of the
+// lane's D columns become C = 1024 E + 64 O in cs[seg][0..1] and S = E + O in cs[seg][2..3].
+__device__ __forceinline__ void tc_offsets(float (&cs)[SEGS][4], const u32 (&xp)[4][4], u32 keep) {
+    const u32 ones = H2_ONES & keep;
+#pragma unroll
+    for (int seg = 0; seg < SEGS; ++seg) {
+        float eo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int jj = 0; jj < SEG_WORDS; ++jj) {
+            const int j = seg * SEG_WORDS + jj;
+            mma_16816(eo, xp[j][0], xp[j][1], xp[j][2], xp[j][3], ones, ones);
+        }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            cs[seg][e] = fmaf(1024.0f, eo[e], 64.0f * eo[2 + e]);
+            cs[seg][2 + e] = eo[e] + eo[2 + e];
+        }
+    }
+}
+
+// Eight x values (x0..x7) as the B pairs of one nibble word: (x0,x4) (x1,x5) (x2,x6) (x3,x7).
+__device__ __forceinline__ u32x4 tc_pair_x(u32x4 v) {
+    return u32x4{prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632), prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632)};
+}
+
 // x of this lane's chunk c of a step, paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6)
 // (x3,x7); zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
-__device__ __forceinline__ void tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRICT x, const u32x4* xs,
-                                           int c, int g, int t) {
-    u32 keep = 0xFFFFFFFFu;
-    if constexpr (DIAG) keep = (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
+// Returns the mask the B values take: all ones, or on the diagonal ones only where g == t.
+__device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRICT x, const u32x4* xs,
+                                          int c, int g, int t) {
+    const u32 keep = !DIAG || (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const u32x4 v = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_cached16(x + 32 * min(c, CHUNKS - 1) + 8 * j);
-        xp[j][0] = prmt(v.x, v.z, 0x5410);
-        xp[j][1] = prmt(v.x, v.z, 0x7632);
-        xp[j][2] = prmt(v.y, v.w, 0x5410);
-        xp[j][3] = prmt(v.y, v.w, 0x7632);
-        if constexpr (DIAG) {
+        if constexpr (XPERM) {
+            xp[j][0] = v.x; xp[j][1] = v.y; xp[j][2] = v.z; xp[j][3] = v.w;
+        } else {
+            const u32x4 p = tc_pair_x(v);
+            xp[j][0] = p.x; xp[j][1] = p.y; xp[j][2] = p.z; xp[j][3] = p.w;
+        }
+    }
+    return keep;
+}
+
+__device__ __forceinline__ void tc_mask_pairs(u32 (&xp)[4][4], u32 keep) {
+    if constexpr (DIAG) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int i = 0; i < 4; ++i) xp[j][i] &= keep;
-        }
     }
 }
 
 // One step of one 16-row tile: rows g and g+8, two mma steps per word pair, D scaled per group
 // into acc.
 __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
-                                        const u8 (&zp)[2][SEGS], const u32 (&xp)[4][4]) {
+                                        const u8 (&zp)[2][ZE][SEGS], const u32 (&xp)[4][4], const float (&cs)[SEGS][4]) {
+    if constexpr (RAW_A) {
+#pragma unroll
+        for (int seg = 0; seg < SEGS; ++seg) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int jj = 0; jj < SEG_WORDS; ++jj) {
+                const int j = seg * SEG_WORDS + jj;
+                tc_word_raw(d, wq[0][j], wq[1][j], xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
+            }
+            // D - C - z S per D column; columns 2t, 2t+1 on the diagonal, else column 2t only.
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
+                    const float z = SYMMETRIC ? 8.0f : (float)zp[h][e][seg];
+                    acc[h] += (d[2 * h + e] - fmaf(z, cs[seg][2 + e], cs[seg][e])) * h_to_f(sc[h][e][seg]);
+                }
+        }
+        return;
+    }
 #pragma unroll
     for (int seg = 0; seg < SEGS; ++seg) {
         u32 za_lo, za_hi, zb_lo, zb_hi;
-        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][seg], za_lo, za_hi);
-        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][seg], zb_lo, zb_hi);
+        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][0][seg], za_lo, za_hi);
+        tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][0][seg], zb_lo, zb_hi);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int jj = 0; jj < SEG_WORDS; ++jj) {
@@ -160,7 +234,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     constexpr int BATCH = STEP_STRIDE * UNROLL;  // steps between a warp's consecutive batches
     u32 wq[UNROLL][TW][2][4];
     u16 sc[UNROLL][TW][2][DIAG ? 2 : 1][SEGS];
-    u8 zp[UNROLL][TW][2][SEGS];
+    u8 zp[UNROLL][TW][2][ZE][SEGS];
     // in_range: the caller knows the step exists (no clamping, so addresses advance linearly).
     auto load_slot = [&](int s0, int u, int tw, bool in_range) {
         const int st = in_range ? s0 + u * STEP_STRIDE : min(s0 + u * STEP_STRIDE, STEPS - 1);  // a step past the end is loaded, not used
@@ -180,10 +254,16 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
                     sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
             }
             if constexpr (!SYMMETRIC) {
-                // Zero points of the lane's own chunk: they go into A.
+                // Zero points of the lane's own chunk (they go into A), or with RAW_A of the
+                // chunks whose D columns it folds, like the scales.
 #pragma unroll
-                for (int seg = 0; seg < SEGS; ++seg)
-                    zp[u][tw][h][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * (4 * st + t + c_off) + 16 * seg) / GROUP);
+                for (int e = 0; e < ZE; ++e) {
+                    const int zc = !RAW_A ? 4 * st + t + c_off
+                                          : whole ? 4 * st + fold_chunk + e : min(4 * st + fold_chunk + e, CHUNKS - 1);
+#pragma unroll
+                    for (int seg = 0; seg < SEGS; ++seg)
+                        zp[u][tw][h][e][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * zc + 16 * seg) / GROUP);
+                }
             }
             // ROLL: one issue fence per slot, on an address (ptxas then keeps the refill's loads here).
             if constexpr (ROLL) {
@@ -201,7 +281,10 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
     // ROLL: the first batch is loaded before the loop, and x goes into shared memory
     // (asynchronous copies, no registers held) while it is in flight.
     if constexpr (ROLL) load_batch(s_begin);
-    if constexpr (XSMEM) {
+    if constexpr (XPERM) {
+        for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_cached16(x + 8 * i));
+        __syncthreads();
+    } else if constexpr (XSMEM) {
         for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
         copy_async_wait_all();
         __syncthreads();
@@ -224,10 +307,13 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             const int step = s0 + u * STEP_STRIDE;
             if (step >= s_end) break;
             u32 xp[4][4];
-            tc_x_pairs(xp, x, xs, 4 * step + t, g, t);
+            const u32 keep = tc_x_pairs(xp, x, xs, 4 * step + t, g, t);
+            float cs[SEGS][4];
+            if constexpr (RAW_A) tc_offsets(cs, xp, keep);
+            tc_mask_pairs(xp, keep);
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) {
-                tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp);
+                tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp, cs);
                 if constexpr (ROLL) {
                     // With one step a batch, `more` means that step exists: no clamping.
                     if (more) load_slot(s0 + BATCH, u, tw, UNROLL == 1);
