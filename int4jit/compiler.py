@@ -157,13 +157,21 @@ TC_STREAM_MIN_WEIGHTS = 24 << 20
 TC_STREAM_MIN_K = 4096
 
 
+# RAW_A (A = raw 1024 + q / 64 + q, the offsets from one extra mma per step, shared by the warp's
+# tiles) with x staged pre-paired (XPERM), on streamed builds with at least this many 16-row tiles
+# a warp: measured on the H200 (bench/results/tc-ab-session6-raw-): 28672x4096 (128,4) 18.50 ->
+# 17.55 us, 128256x4096 70.86 -> 68.72; with one tile a warp the offsets cost more than the
+# subtractions they replace (4096x14336 (512,2) 12.34 -> 12.68), and on g < 128 it lost 10-20%.
+TC_RAW_MIN_TILES = 2
+
+
 def tc_streams(shape: GemvShape) -> bool:
     return shape.group >= 128 and shape.K >= TC_STREAM_MIN_K and shape.N * shape.K >= TC_STREAM_MIN_WEIGHTS
 
 
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
-                 contiguous: bool | None = None, stream: bool | None = None, raw_a: bool = False,
-                 xperm: bool = False) -> KernelGeometry:
+                 contiguous: bool | None = None, stream: bool | None = None, raw_a: bool | None = None,
+                 xperm: bool | None = None) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
@@ -174,6 +182,10 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     if stream is None:
         stream = tc_streams(shape)
     tw = cfg.TN // 2
+    if raw_a is None:
+        raw_a = stream and tw >= TC_RAW_MIN_TILES
+    if xperm is None:
+        xperm = raw_a
     steps = -(-shape.K // 128)
     ksplit = min(cfg.BS // 32, steps)
     per_warp = -(-steps // ksplit)

@@ -179,3 +179,41 @@ def test_tc_streaming_source_compiles(N, K, group, stream):
     flag = "true" if stream else "false"
     assert f"constexpr bool ROLL = {flag};" in source and f"constexpr bool XSMEM = {flag};" in source
     assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("N,K,group,cfg,raw", [
+    (28672, 4096, 128, LaunchConfig(128, 4), True),    # streamed, two tiles a warp
+    (28672, 4096, 128, LaunchConfig(128, 8), True),
+    (4096, 14336, 128, LaunchConfig(512, 2), False),   # one tile a warp: the offsets mma does not pay
+    (4096, 4096, 128, LaunchConfig(128, 4), False),    # not streamed
+    (28672, 4096, 32, LaunchConfig(128, 4), False)])   # g < 128: measured slower
+def test_tc_raw_a_rule(N, K, group, cfg, raw):
+    """RAW_A (offsets after the mma) and pre-paired x go together, on streamed builds with two
+    or more tiles a warp; the source says so and, without XSMEM, XPERM stays off."""
+    shape = GemvShape(N, K, group, False)
+    geo = compiler._tc_geometry(shape, cfg)
+    flag = "true" if raw else "false"
+    assert geo.param("RAW_A") == flag and geo.param("XPERM") == flag
+    _, source = compiler.render_gemv_source(shape, cfg, "sm_90")
+    assert f"constexpr bool RAW_A = {flag};" in source
+    assert f"constexpr bool XPERM = XSMEM && {flag};" in source
+
+
+@pytest.mark.parametrize("N,K,group,sym", [(8200, 4224, 128, False), (8200, 4096, 128, True), (1000, 2080, 16, False),
+                                           (1001, 4160, 32, True), (333, 4864, 64, False)])
+def test_tc_raw_a_compiles_for_every_group(N, K, group, sym):
+    """RAW_A forced on (with and without pre-paired x) compiles for every group class, tails and
+    partial steps included: the switch is correct C++ wherever the A/B may turn it on."""
+    from conftest import require_compiler
+    require_compiler("cuda")
+    import functools
+    from int4jit.backends import cuda
+    shape, cfg = GemvShape(N, K, group, sym), LaunchConfig(256, 4)
+    for xperm in (False, True):
+        geo = functools.partial(compiler._tc_geometry, raw_a=True, xperm=xperm, stream=True)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(compiler, "_tc_geometry", geo)
+            mp.setenv("INT4JIT_KERNEL", "tc")
+            name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
+        assert "constexpr bool RAW_A = true;" in source
+        assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
