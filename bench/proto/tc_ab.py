@@ -37,8 +37,9 @@ def use(kernel: str, pdl: bool = True, **variant):
 # won) and OFFSET (tc-offset-); session 5 LEAN (adopted: one fence per slot, unclamped refills),
 # PERSIST with and without OFFSET (slower everywhere; removed), EARLY (the first batch asked of L2
 # before griddepcontrol.wait) and AHEAD (each refill also prefetching 1-2 batches on) — both
-# slower (tc-ab-session5-*); session 6 RAW_A + XPERM (adopted where streamed with two
-# or more tiles a warp; slower on one tile and on g < 128: tc-ab-session6-raw-). Add a variant as a _tc_geometry keyword and an entry here.
+# slower (tc-ab-session5-*); session 6 RAW_A + XPERM (adopted where streamed with two or more
+# tiles a warp; slower on one tile and on g < 128: tc-ab-session6-raw-). Add a variant as a
+# _tc_geometry keyword and an entry here.
 VARIANTS = {"tc": dict(kernel="tc"), "tc, no raw": dict(kernel="tc", raw_a=False, xperm=False)}
 
 

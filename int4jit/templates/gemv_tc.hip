@@ -129,8 +129,8 @@ __device__ __forceinline__ u32x4 tc_pair_x(u32x4 v) {
 }
 
 // x of this lane's chunk c of a step, paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6)
-// (x3,x7); zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
-// Returns the mask the B values take: all ones, or on the diagonal ones only where g == t.
+// (x3,x7), unmasked. Returns the mask tc_mask_pairs applies before x becomes B: all ones, or
+// zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
 __device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRICT x, const u32x4* xs,
                                           int c, int g, int t) {
     const u32 keep = !DIAG || (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
@@ -241,6 +241,8 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
         const bool whole = in_range && K % 128 == 0;  // every chunk of the step exists
         // On a partial last step a lane past the last chunk re-reads it; its x is masked to zero.
         const int c_off = K % 128 == 0 ? 0 : min(4 * st + t, CHUNKS - 1) - (4 * st + t);
+        // Chunk e of those this lane folds D columns for (their scales, and with RAW_A zeros).
+        auto fold_at = [&](int e) { return whole ? 4 * st + fold_chunk + e : min(4 * st + fold_chunk + e, CHUNKS - 1); };
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const u8* src = wbase + row_off(tw, h) * ROW_BYTES + 64LL * st + 16 * c_off;
@@ -248,7 +250,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             wq[u][tw][h][0] = v.x; wq[u][tw][h][1] = v.y; wq[u][tw][h][2] = v.z; wq[u][tw][h][3] = v.w;
 #pragma unroll
             for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
-                const int fc = whole ? 4 * st + fold_chunk + e : min(4 * st + fold_chunk + e, CHUNKS - 1);
+                const int fc = fold_at(e);
 #pragma unroll
                 for (int seg = 0; seg < SEGS; ++seg)
                     sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
@@ -258,8 +260,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
                 // chunks whose D columns it folds, like the scales.
 #pragma unroll
                 for (int e = 0; e < ZE; ++e) {
-                    const int zc = !RAW_A ? 4 * st + t + c_off
-                                          : whole ? 4 * st + fold_chunk + e : min(4 * st + fold_chunk + e, CHUNKS - 1);
+                    const int zc = RAW_A ? fold_at(e) : 4 * st + t + c_off;
 #pragma unroll
                     for (int seg = 0; seg < SEGS; ++seg)
                         zp[u][tw][h][e][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * zc + 16 * seg) / GROUP);
