@@ -181,22 +181,25 @@ def test_tc_streaming_source_compiles(N, K, group, stream):
     assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
 
 
-@pytest.mark.parametrize("N,K,group,cfg,raw", [
-    (28672, 4096, 128, LaunchConfig(128, 4), True),    # streamed, two tiles a warp
-    (28672, 4096, 128, LaunchConfig(128, 8), True),
-    (4096, 14336, 128, LaunchConfig(512, 2), False),   # one tile a warp: the offsets mma does not pay
-    (4096, 4096, 128, LaunchConfig(128, 4), False),    # not streamed
-    (28672, 4096, 32, LaunchConfig(128, 4), False)])   # g < 128: measured slower
-def test_tc_raw_a_rule(N, K, group, cfg, raw):
-    """RAW_A (offsets after the mma) and pre-paired x go together, on streamed builds with two
-    or more tiles a warp; the source says so and, without XSMEM, XPERM stays off."""
+@pytest.mark.parametrize("N,K,group,cfg,raw,xwarp", [
+    (28672, 4096, 128, LaunchConfig(128, 4), True, False),    # streamed, two tiles a warp
+    (28672, 4096, 128, LaunchConfig(128, 8), True, False),
+    (4096, 14336, 128, LaunchConfig(512, 2), False, True),    # one tile a warp: x staged per warp
+    (5120, 17920, 128, LaunchConfig(256, 2), False, True),
+    (4096, 4096, 128, LaunchConfig(128, 4), False, False),    # not streamed
+    (28672, 4096, 32, LaunchConfig(128, 4), False, False)])   # g < 128: measured slower
+def test_tc_raw_a_and_xwarp_rule(N, K, group, cfg, raw, xwarp):
+    """Streamed builds with two or more tiles a warp take RAW_A (offsets after the mma) with
+    pre-paired x; streamed one-tile builds stage x per warp (XWARP), pre-paired too; neither is
+    on elsewhere. The source says so."""
     shape = GemvShape(N, K, group, False)
     geo = compiler._tc_geometry(shape, cfg)
-    flag = "true" if raw else "false"
-    assert geo.param("RAW_A") == flag and geo.param("XPERM") == flag
+    b = lambda v: "true" if v else "false"
+    assert (geo.param("RAW_A"), geo.param("XWARP"), geo.param("XPERM")) == (b(raw), b(xwarp), b(raw or xwarp))
     _, source = compiler.render_gemv_source(shape, cfg, "sm_90")
-    assert f"constexpr bool RAW_A = {flag};" in source
-    assert f"constexpr bool XPERM = XSMEM && {flag};" in source
+    assert f"constexpr bool RAW_A = {b(raw)};" in source
+    assert f"constexpr bool XWARP = XSMEM && {b(xwarp)};" in source
+    assert f"constexpr bool XPERM = XSMEM && {b(raw or xwarp)};" in source
 
 
 @pytest.mark.parametrize("N,K,group,sym", [(8200, 4224, 128, False), (8200, 4096, 128, True), (1000, 2080, 16, False),

@@ -40,7 +40,18 @@ def use(kernel: str, pdl: bool = True, **variant):
 # slower (tc-ab-session5-*); session 6 RAW_A + XPERM (adopted where streamed with two or more
 # tiles a warp; slower on one tile and on g < 128: tc-ab-session6-raw-). Add a variant as a
 # _tc_geometry keyword and an entry here.
-VARIANTS = {"tc": dict(kernel="tc"), "tc, no raw": dict(kernel="tc", raw_a=False, xperm=False)}
+KNOWN = {"tc": dict(kernel="tc"), "tc, no raw": dict(kernel="tc", raw_a=False, xperm=False),
+         # session 7: x pre-paired wherever x is staged (one-tile streamed builds: without RAW_A)
+         "xperm": dict(kernel="tc", xperm=True),
+         # session 7: g < 128 and small shapes streamed too, x pre-paired, no RAW_A
+         "stream+xperm": dict(kernel="tc", stream=True, raw_a=False, xperm=True),
+         # session 7: each warp stages its own x ahead of its first weights, no block barrier
+         "xwarp": dict(kernel="tc", xwarp=True),
+         "xwarp+xperm": dict(kernel="tc", xwarp=True, xperm=True),
+         "no xwarp": dict(kernel="tc", xwarp=False)}
+# (session 7 also tried the weights' L2 lines marked evict-first through createpolicy: no gain,
+# 28672x4096 17.61 -> 18.58 us; removed.)
+VARIANTS = {k: KNOWN[k] for k in ("tc", "tc, no raw")}
 
 
 def correctness(dev, mini: bool = False):
@@ -106,7 +117,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--mini", action="store_true", help="8 correctness cases x 2 configs; 3 shapes on the 9-point grid")
+    ap.add_argument("--variants", nargs="+", choices=list(KNOWN), help=f"default: {' '.join(VARIANTS)}")
     a = ap.parse_args()
+    if a.variants:
+        VARIANTS.clear()
+        VARIANTS.update((k, KNOWN[k]) for k in a.variants)
     from int4jit import backends
     dev = backends.device()
     t0 = time.time()

@@ -29,6 +29,13 @@ __device__ __forceinline__ u32x4 load_cached16(const void* p) {
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
+// The same, kept in program order with the other volatile loads (issued ahead of them).
+__device__ __forceinline__ u32x4 load_first16(const void* p) {
+    u32x4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ u16 load_cached_u16(const u16* p) { return __ldg(p); }
 __device__ __forceinline__ u8 load_cached_u8(const u8* p) { return __ldg(p); }
 
