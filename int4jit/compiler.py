@@ -188,6 +188,8 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
         xwarp = stream and not raw_a
     if xperm is None:
         xperm = raw_a or xwarp
+    if xwarp and not (xperm and stream):
+        raise ValueError("xwarp stages x paired (xperm) and only on streamed builds")
     steps = -(-shape.K // 128)
     ksplit = min(cfg.BS // 32, steps)
     per_warp = -(-steps // ksplit)

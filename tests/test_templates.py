@@ -220,3 +220,13 @@ def test_tc_raw_a_compiles_for_every_group(N, K, group, sym):
             name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
         assert "constexpr bool RAW_A = true;" in source
         assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
+
+
+def test_tc_xwarp_needs_paired_streamed_x():
+    """XWARP stages x through registers already paired, on streamed builds only: asking for it
+    otherwise is refused by the geometry, not compiled into a kernel that would not stage x."""
+    shape = GemvShape(4096, 14336, 128, False)
+    with pytest.raises(ValueError, match="xwarp"):
+        compiler._tc_geometry(shape, LaunchConfig(512, 2), xwarp=True, xperm=False)
+    with pytest.raises(ValueError, match="xwarp"):
+        compiler._tc_geometry(shape, LaunchConfig(512, 2), xwarp=True, stream=False)

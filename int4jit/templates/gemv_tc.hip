@@ -40,6 +40,7 @@ constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per b
 constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets come off after the mma
 constexpr bool XPERM = XSMEM && ${XPERM};  // staged x already paired for B
 constexpr bool XWARP = XSMEM && ${XWARP};  // each warp stages its own steps' x, before its weights
+static_assert(!XWARP || (XPERM && ROLL), "XWARP stages x paired, through registers, on streamed builds");
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -281,42 +282,35 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             for (int tw = 0; tw < TW; ++tw) load_slot(s0, u, tw, false);
     };
     if constexpr (XWARP) {
-        // Each warp stages the x of its own steps (no block barrier), and asks for it before
-        // its first weights: the loads return in order, so x is there once L2 answers.
+        // Each warp stages the x of its own steps, paired, through registers (no block barrier),
+        // its x loads issued ahead of its first weights (volatile loads keep that order).
         constexpr int XW_LANE = (16 * WARP_STEPS + 31) / 32;  // 16 x words (8 halves) a step
-        const int lane = threadIdx.x % 32;
         int xw[XW_LANE];
         u32x4 xv[XW_LANE];
 #pragma unroll
         for (int r = 0; r < XW_LANE; ++r) {
-            const int i = lane + 32 * r, st = s_begin + (i / 16) * STEP_STRIDE;
+            const int i = threadIdx.x % 32 + 32 * r, st = s_begin + (i / 16) * STEP_STRIDE;
             xw[r] = i < 16 * WARP_STEPS && st < s_end && 16 * st + i % 16 < K / 8 ? 16 * st + i % 16 : -1;
-            if constexpr (XPERM) {
-                xv[r] = load_first16(x + 8 * max(xw[r], 0));
-            } else {
-                if (xw[r] >= 0) copy_async16(smem_address(xs + xw[r]), x + 8 * xw[r]);
-            }
+            xv[r] = load_first16(x + 8 * max(xw[r], 0));
         }
-        __syncwarp();  // (ptxas keeps the loads on their side of it)
+        __syncwarp();  // emits no instruction, but the build measured on the H200 was scheduled with it
+        load_batch(s_begin);
+#pragma unroll
+        for (int r = 0; r < XW_LANE; ++r)
+            if (xw[r] >= 0) xs[xw[r]] = tc_pair_x(xv[r]);
+        __syncwarp();
+    } else {
+        // ROLL: the first batch is loaded before the loop, and x goes into shared memory
+        // (asynchronous copies, no registers held) while it is in flight.
         if constexpr (ROLL) load_batch(s_begin);
         if constexpr (XPERM) {
-#pragma unroll
-            for (int r = 0; r < XW_LANE; ++r)
-                if (xw[r] >= 0) xs[xw[r]] = tc_pair_x(xv[r]);
-            __syncwarp();
-        }  // else: the copies are waited for at the first step
-    } else {
-    // ROLL: the first batch is loaded before the loop, and x goes into shared memory
-    // (asynchronous copies, no registers held) while it is in flight.
-    if constexpr (ROLL) load_batch(s_begin);
-    if constexpr (XPERM) {
-        for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_cached16(x + 8 * i));
-        __syncthreads();
-    } else if constexpr (XSMEM) {
-        for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
-        copy_async_wait_all();
-        __syncthreads();
-    }
+            for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_cached16(x + 8 * i));
+            __syncthreads();
+        } else if constexpr (XSMEM) {
+            for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
+            copy_async_wait_all();
+            __syncthreads();
+        }
     }
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
         if constexpr (!ROLL) {
@@ -329,12 +323,6 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 #pragma unroll
                     for (int h = 0; h < 2; ++h) all ^= wq[u][tw][h][0];  // one word per load suffices
             issue_barrier(all);
-        }
-        if constexpr (XWARP && !XPERM) {
-            if (s0 == s_begin) {
-                copy_async_wait_all();
-                __syncwarp();
-            }
         }
         const bool more = s0 + BATCH < s_end;
 #pragma unroll
