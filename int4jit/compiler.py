@@ -171,7 +171,7 @@ def tc_streams(shape: GemvShape) -> bool:
 
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
                  contiguous: bool | None = None, stream: bool | None = None, raw_a: bool | None = None,
-                 xperm: bool | None = None, xwarp: bool | None = None) -> KernelGeometry:
+                 xperm: bool | None = None, xwarp: bool | None = None, wide_scales: bool = True) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
@@ -201,7 +201,8 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     return KernelGeometry(
         TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
                       ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(stream)),
-                      ("RAW_A", flag(raw_a)), ("XPERM", flag(xperm)), ("XWARP", flag(xwarp))),
+                      ("RAW_A", flag(raw_a)), ("XPERM", flag(xperm)), ("XWARP", flag(xwarp)),
+                      ("WIDE_SCALES", flag(wide_scales))),
         rows_per_block,
         -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * per_warp),
         cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN, 48 + cfg.TN * unroll * 6 + 4 * tw)

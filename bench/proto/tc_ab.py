@@ -5,7 +5,7 @@
 2. timing: best of the 20-point grid per variant on the suite's large and mid shapes, graph
    replay over rotating weight copies.
 
-    python3 bench/proto/tc_ab.py [--quick | --mini]
+    python3 bench/proto/tc_ab.py [--quick | --mini] [--variants NAME ...] [--shapes NxKxG ...]
 """
 import argparse
 import functools
@@ -48,7 +48,9 @@ KNOWN = {"tc": dict(kernel="tc"), "tc, no raw": dict(kernel="tc", raw_a=False, x
          # session 7: each warp stages its own x ahead of its first weights, no block barrier
          "xwarp": dict(kernel="tc", xwarp=True),
          "xwarp+xperm": dict(kernel="tc", xwarp=True, xperm=True),
-         "no xwarp": dict(kernel="tc", xwarp=False)}
+         "no xwarp": dict(kernel="tc", xwarp=False),
+         # session 8: on the diagonal (g < 128) a lane's two chunks' scales in one load (the default)
+         "narrow scales": dict(kernel="tc", wide_scales=False), "wide scales": dict(kernel="tc", wide_scales=True)}
 # (session 7 also tried the weights' L2 lines marked evict-first through createpolicy: no gain,
 # 28672x4096 17.61 -> 18.58 us; removed.)
 VARIANTS = {k: KNOWN[k] for k in ("tc", "tc, no raw")}
@@ -84,7 +86,7 @@ def correctness(dev, mini: bool = False):
     print(f"correctness: worst relative error {worst:.2e} over {len(cases)} shapes x {len(VARIANTS)} variants x {len(configs)} configs", flush=True)
 
 
-def timing(dev, quick: bool, mini: bool = False):
+def timing(dev, quick: bool, mini: bool = False, only=None):
     shapes = [(28672, 4096, 128), (4096, 14336, 128), (128256, 4096, 128), (5120, 17920, 128),
               (4096, 4096, 128), (28672, 4096, 32), (4096, 14336, 32), (2048, 2048, 128), (896, 4864, 128),
               (896, 896, 128), (9728, 896, 128), (16384, 2048, 128), (6144, 4096, 128), (3072, 2048, 128)]
@@ -92,6 +94,8 @@ def timing(dev, quick: bool, mini: bool = False):
         shapes = shapes[:3]
     if mini:
         shapes = [(28672, 4096, 128), (4096, 14336, 128), (28672, 4096, 32)]
+    if only:
+        shapes = only
     print(f"{'shape':>22s} {'GB':>6s} " + " ".join(f"{k:>15s}" for k in VARIANTS)
           + "   (best of 20 configs: us, config)", flush=True)
     for N, K, g in shapes:
@@ -118,6 +122,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--mini", action="store_true", help="8 correctness cases x 2 configs; 3 shapes on the 9-point grid")
     ap.add_argument("--variants", nargs="+", choices=list(KNOWN), help=f"default: {' '.join(VARIANTS)}")
+    ap.add_argument("--shapes", nargs="+", metavar="NxKxG", help="time these shapes instead")
     a = ap.parse_args()
     if a.variants:
         VARIANTS.clear()
@@ -127,7 +132,7 @@ def main():
     t0 = time.time()
     correctness(dev, a.mini)
     print(f"({time.time() - t0:.0f} s)", flush=True)
-    timing(dev, a.quick, a.mini)
+    timing(dev, a.quick, a.mini, a.shapes and [tuple(map(int, v.split("x"))) for v in a.shapes])
     print(f"({time.time() - t0:.0f} s)", flush=True)
 
 

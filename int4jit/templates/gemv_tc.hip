@@ -40,6 +40,8 @@ constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per b
 constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets come off after the mma
 constexpr bool XPERM = XSMEM && ${XPERM};  // staged x already paired for B
 constexpr bool XWARP = XSMEM && ${XWARP};  // each warp stages its own steps' x, before its weights
+// On the diagonal with whole steps, a lane's two chunks' scales of a row are adjacent: one load.
+constexpr bool WIDE_SCALES = ${WIDE_SCALES} && GROUP < 128 && K % 128 == 0;
 static_assert(!XWARP || (XPERM && ROLL), "XWARP stages x paired, through registers, on streamed builds");
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
@@ -250,12 +252,26 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             const u8* src = wbase + row_off(tw, h) * ROW_BYTES + 64LL * st + 16 * c_off;
             const u32x4 v = load_weights16(src);
             wq[u][tw][h][0] = v.x; wq[u][tw][h][1] = v.y; wq[u][tw][h][2] = v.z; wq[u][tw][h][3] = v.w;
+            const u16* srow = sbase + row_off(tw, h) * NG;
+            if constexpr (WIDE_SCALES) {
+                // The two chunks' scales are adjacent in the row (and aligned): one load.
+                auto& s = sc[u][tw][h];
+                const u16* p = srow + 32 * fold_at(0) / GROUP;
+                if constexpr (GROUP == 16) {
+                    const u32x2 v = load_cached8(p);
+                    s[0][0] = (u16)v.x; s[0][1] = (u16)(v.x >> 16); s[1][0] = (u16)v.y; s[1][1] = (u16)(v.y >> 16);
+                } else if constexpr (GROUP == 32) {
+                    const u32 v = load_cached_u32(p);
+                    s[0][0] = (u16)v; s[1][0] = (u16)(v >> 16);
+                } else {
+                    s[0][0] = s[1][0] = load_cached_u16(p);  // both chunks in one group
+                }
+            } else {
 #pragma unroll
-            for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
-                const int fc = fold_at(e);
+                for (int e = 0; e < (DIAG ? 2 : 1); ++e)
 #pragma unroll
-                for (int seg = 0; seg < SEGS; ++seg)
-                    sc[u][tw][h][e][seg] = load_cached_u16(sbase + row_off(tw, h) * NG + (32 * fc + 16 * seg) / GROUP);
+                    for (int seg = 0; seg < SEGS; ++seg)
+                        sc[u][tw][h][e][seg] = load_cached_u16(srow + (32 * fold_at(e) + 16 * seg) / GROUP);
             }
             if constexpr (!SYMMETRIC) {
                 // Zero points of the lane's own chunk (they go into A), or with RAW_A of the

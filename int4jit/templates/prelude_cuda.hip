@@ -37,6 +37,12 @@ __device__ __forceinline__ u32x4 load_first16(const void* p) {
     return v;
 }
 __device__ __forceinline__ u16 load_cached_u16(const u16* p) { return __ldg(p); }
+__device__ __forceinline__ u32 load_cached_u32(const void* p) { return __ldg((const u32*)p); }
+__device__ __forceinline__ u32x2 load_cached8(const void* p) {
+    u32x2 v;
+    asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ u8 load_cached_u8(const u8* p) { return __ldg(p); }
 
 __device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
