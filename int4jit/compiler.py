@@ -171,7 +171,8 @@ def tc_streams(shape: GemvShape) -> bool:
 
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
                  contiguous: bool | None = None, stream: bool | None = None, raw_a: bool | None = None,
-                 xperm: bool | None = None, xwarp: bool | None = None, wide_scales: bool = True) -> KernelGeometry:
+                 xperm: bool | None = None, xwarp: bool | None = None, wide_scales: bool = True,
+                 l2hint: bool | None = None) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
@@ -188,6 +189,8 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
         xwarp = stream and not raw_a
     if xperm is None:
         xperm = raw_a or xwarp
+    if l2hint is None:
+        l2hint = stream
     if xwarp and not (xperm and stream):
         raise ValueError("xwarp stages x paired (xperm) and only on streamed builds")
     steps = -(-shape.K // 128)
@@ -200,7 +203,7 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     flag = lambda b: "true" if b else "false"
     return KernelGeometry(
         TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
-                      ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(stream)),
+                      ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(l2hint)),
                       ("RAW_A", flag(raw_a)), ("XPERM", flag(xperm)), ("XWARP", flag(xwarp)),
                       ("WIDE_SCALES", flag(wide_scales))),
         rows_per_block,

@@ -50,7 +50,10 @@ KNOWN = {"tc": dict(kernel="tc"), "tc, no raw": dict(kernel="tc", raw_a=False, x
          "xwarp+xperm": dict(kernel="tc", xwarp=True, xperm=True),
          "no xwarp": dict(kernel="tc", xwarp=False),
          # session 8: on the diagonal (g < 128) a lane's two chunks' scales in one load (the default)
-         "narrow scales": dict(kernel="tc", wide_scales=False), "wide scales": dict(kernel="tc", wide_scales=True)}
+         "narrow scales": dict(kernel="tc", wide_scales=False), "wide scales": dict(kernel="tc", wide_scales=True),
+         # session 8: g < 128 streamed (ROLL, x staged per warp), with and without the L2 256-byte hint
+         "roll": dict(kernel="tc", stream=True, raw_a=False, l2hint=False),
+         "roll+l2": dict(kernel="tc", stream=True, raw_a=False)}
 # (session 7 also tried the weights' L2 lines marked evict-first through createpolicy: no gain,
 # 28672x4096 17.61 -> 18.58 us; removed.)
 VARIANTS = {k: KNOWN[k] for k in ("tc", "tc, no raw")}
