@@ -230,3 +230,22 @@ def test_tc_xwarp_needs_paired_streamed_x():
         compiler._tc_geometry(shape, LaunchConfig(512, 2), xwarp=True, xperm=False)
     with pytest.raises(ValueError, match="xwarp"):
         compiler._tc_geometry(shape, LaunchConfig(512, 2), xwarp=True, stream=False)
+
+
+@pytest.mark.parametrize("group", [16, 32, 64])
+def test_tc_wide_scales_compile_and_change_the_build(group, monkeypatch):
+    """On the diagonal with whole steps a lane's two chunks' scales of a row come in one load
+    (8 bytes at g16, 4 at g32, one value for both at g64): each form compiles with NVRTC and
+    the build differs from the per-chunk loads it replaces."""
+    import functools
+    from conftest import require_compiler
+    require_compiler("cuda")
+    from int4jit.backends import cuda
+    shape, cfg = GemvShape(4096, 4096, group, False), LaunchConfig(128, 4)
+    real, binaries = compiler._tc_geometry, []
+    for wide in (True, False):
+        monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(real, wide_scales=wide))
+        assert compiler.kernel_geometry(shape, cfg, "sm_90").param("WIDE_SCALES") == ("true" if wide else "false")
+        name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
+        binaries.append(cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"]))
+    assert all(b[:4] == b"\x7fELF" for b in binaries) and binaries[0] != binaries[1]
