@@ -5,6 +5,8 @@
 # against the four peers; over 6.5 min for both groups in session 4) one group per call:
 #   bash bench/gpu_session.sh tests table;  bash bench/gpu_session.sh suite128;  bash bench/gpu_session.sh suite32
 # then, here: python3 bench/suite.py --from-log suite-g128.txt suite-g32.txt  (RESULTS.md, JSON, PNG)
+# and `profile` (~2 min): the per-warp timeline of the shapes whose shortfall has no timeline yet
+# (35840x5120, 16384x2048, 7680x5120 at g128) and the eager per-call time (bench/eager.py).
 # Everything it writes that should come back lands in $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -17,6 +19,11 @@ fi
 if [[ $steps == *" table "* ]]; then
     timeout 200 python3 bench/make_table.py --out-dir "$OUT" 2>&1 | tee "$OUT/table-log.txt" | tail -2
     cp int4jit/table.json "$OUT/"
+fi
+if [[ $steps == *" profile "* ]]; then
+    timeout 200 python3 bench/proto/timeline.py 35840 5120 128 16384 2048 128 7680 5120 128 > "$OUT/timeline.txt" 2>&1
+    echo "timeline rc=$?"; grep "call B phases" "$OUT/timeline.txt"
+    timeout 120 python3 bench/eager.py 2>&1 | tee "$OUT/eager.txt"
 fi
 for g in 128 32; do
     if [[ $steps == *" suite$g "* ]]; then
