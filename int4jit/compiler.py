@@ -172,12 +172,14 @@ def tc_streams(shape: GemvShape) -> bool:
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
                  contiguous: bool | None = None, stream: bool | None = None, raw_a: bool | None = None,
                  xperm: bool | None = None, xwarp: bool | None = None, wide_scales: bool = True,
-                 l2hint: bool | None = None) -> KernelGeometry:
+                 l2hint: bool | None = None, kcluster: int = 1) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
     interleave the warps' steps; large g >= 128 shapes stream (tc_streams). Each choice was
-    measured faster on the H200 (bench/NOTES.md)."""
+    measured faster on the H200 (bench/NOTES.md). kcluster > 1 (sm_90, opt-in): clusters of
+    that many blocks split each row block's K (kcluster times the grid, the block sums added in
+    block 0's shared memory); it falls back to 1 where K has fewer steps than that."""
     if contiguous is None:
         contiguous = shape.group < 128
     if stream is None:
@@ -194,20 +196,21 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     if xwarp and not (xperm and stream):
         raise ValueError("xwarp stages x paired (xperm) and only on streamed builds")
     steps = -(-shape.K // 128)
-    ksplit = min(cfg.BS // 32, steps)
-    per_warp = -(-steps // ksplit)
+    kc = kcluster if steps >= kcluster else 1
+    ksplit = min(cfg.BS // 32, steps // kc)
+    per_warp = -(-steps // (ksplit * kc))
     unroll = max(1, min(loads_in_flight // (2 * tw), per_warp))
     rows_per_block = 16 * tw
     # x in shared memory where it fits the static limit beside the K-split partial sums.
-    xsmem = stream and 2 * shape.K + 4 * ksplit * rows_per_block <= STATIC_SMEM_LIMIT
+    xsmem = stream and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
     flag = lambda b: "true" if b else "false"
     return KernelGeometry(
         TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
                       ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(l2hint)),
                       ("RAW_A", flag(raw_a)), ("XPERM", flag(xperm)), ("XWARP", flag(xwarp)),
-                      ("WIDE_SCALES", flag(wide_scales))),
+                      ("WIDE_SCALES", flag(wide_scales)), ("KCLUSTER", kc)),
         rows_per_block,
-        -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * per_warp),
+        kc * -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * kc * per_warp),
         cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN, 48 + cfg.TN * unroll * 6 + 4 * tw)
 
 

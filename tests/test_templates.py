@@ -249,3 +249,35 @@ def test_tc_wide_scales_compile_and_change_the_build(group, monkeypatch):
         name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
         binaries.append(cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"]))
     assert all(b[:4] == b"\x7fELF" for b in binaries) and binaries[0] != binaries[1]
+
+
+@pytest.mark.parametrize("N,K,cfg,ksplit,grid", [
+    (5120, 17920, LaunchConfig(256, 2), 8, 640),   # 8 warps a block, two blocks a row block
+    (4097, 4096, LaunchConfig(32, 2), 1, 2 * 257),  # one warp a block: the cluster still splits K
+    (2048, 256, LaunchConfig(512, 2), 1, 256),      # two steps: one each
+    (2048, 128, LaunchConfig(512, 2), 1, 128)])     # one step: no split (KCLUSTER 1)
+def test_tc_kcluster_geometry(N, K, cfg, ksplit, grid):
+    """kcluster=2 (opt-in): two blocks of a cluster share a row block's K, so the grid doubles
+    and together the blocks' warps are no more than K's steps."""
+    geo = compiler._tc_geometry(GemvShape(N, K, 128, False), cfg, kcluster=2)
+    kc = 2 if K >= 256 else 1
+    assert geo.param("KCLUSTER") == kc and geo.param("KSPLIT") == ksplit and geo.grid == grid
+    assert geo.block == 32 * ksplit and ksplit * kc <= -(-K // 128)
+
+
+def test_tc_kcluster_compiles_for_sm_90_only(monkeypatch):
+    """The cluster build compiles with NVRTC for sm_90 (cluster dims in the binary's kernel);
+    for sm_80 the template refuses it with a message that says why."""
+    import functools
+    from conftest import require_compiler
+    require_compiler("cuda")
+    from int4jit.backends import cuda
+    from int4jit.errors import CompileError
+    monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(compiler._tc_geometry, kcluster=2))
+    shape, cfg = GemvShape(4097, 17920, 32, False), LaunchConfig(128, 4)
+    name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
+    assert "constexpr int KC = 2;" in source and "__cluster_dims__" in source
+    assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
+    name, source = compiler.render_gemv_source(shape, cfg, "sm_80")
+    with pytest.raises(CompileError, match="cluster needs sm_90"):
+        cuda.compile_source(source, name, "sm_80", compiler.COMPILE_OPTIONS["cuda"])

@@ -53,7 +53,11 @@ KNOWN = {"tc": dict(kernel="tc"), "tc, no raw": dict(kernel="tc", raw_a=False, x
          "narrow scales": dict(kernel="tc", wide_scales=False), "wide scales": dict(kernel="tc", wide_scales=True),
          # session 8: g < 128 streamed (ROLL, x staged per warp), with and without the L2 256-byte hint
          "roll": dict(kernel="tc", stream=True, raw_a=False, l2hint=False),
-         "roll+l2": dict(kernel="tc", stream=True, raw_a=False)}
+         "roll+l2": dict(kernel="tc", stream=True, raw_a=False),
+         # session 8 (not yet run on a GPU): two blocks of a cluster split each row block's K,
+         # their sums added in block 0's shared memory — finer balance where row blocks per SM
+         # are not whole (5120x17920: 320 row blocks on 132 SMs)
+         "kcluster": dict(kernel="tc", kcluster=2)}
 # (session 7 also tried the weights' L2 lines marked evict-first through createpolicy: no gain,
 # 28672x4096 17.61 -> 18.58 us; removed.)
 VARIANTS = {k: KNOWN[k] for k in ("tc", "tc, no raw")}

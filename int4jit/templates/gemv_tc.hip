@@ -35,9 +35,11 @@ constexpr int K = ${K};
 constexpr int GROUP = ${GROUP};
 constexpr bool SYMMETRIC = ${SYMMETRIC};
 constexpr int KSPLIT = ${KSPLIT};        // warps of a block; they split K
+constexpr int KC = ${KCLUSTER};          // blocks of a cluster that split one row block's K (sm_90)
+constexpr int KSPLIT_ALL = KSPLIT * KC;  // warps that split one row block's K
 constexpr int TW = ${TW};                // 16-row tiles per warp
 constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight together
-constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT-th)
+constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT_ALL-th)
 constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it is used
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
 constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets come off after the mma
@@ -50,8 +52,8 @@ constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
 constexpr int STEPS = (CHUNKS + 3) / 4;  // 128 elements per step
-constexpr int WARP_STEPS = (STEPS + KSPLIT - 1) / KSPLIT;
-constexpr int STEP_STRIDE = CONTIG ? 1 : KSPLIT;  // between a warp's consecutive steps
+constexpr int WARP_STEPS = (STEPS + KSPLIT_ALL - 1) / KSPLIT_ALL;
+constexpr int STEP_STRIDE = CONTIG ? 1 : KSPLIT_ALL;  // between a warp's consecutive steps
 constexpr int NG = K / GROUP;
 constexpr long long ROW_BYTES = K / 2;
 constexpr bool DIAG = GROUP < 128;
@@ -64,6 +66,7 @@ constexpr u32 H2_ONES = 0x3C003C00u;               // fp16 1.0 in both halves
 constexpr int ZE = RAW_A && DIAG ? 2 : 1;          // zero points a lane folds per row and segment
 
 static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
+static_assert(KC == 1 || __CUDA_ARCH__ >= 900, "a K split over the blocks of a cluster needs sm_90");
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
 static_assert(DIAG || K % 128 == 0, "GROUP >= 128 implies whole steps");
 
@@ -367,9 +370,11 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 
 // The block's rows (ROWS_PER_BLOCK from row0) into y: the warps' K-split sums are added
 // through shared memory (`partial`, declared beside x so the streaming build's layout stays
-// as measured).
-__device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y, long long row0, int ks, int g, int t,
-                                         float (*partial)[ROWS_PER_BLOCK]) {
+// as measured). KC > 1: each block of the cluster puts its sums into `cluster_part` of block
+// 0 (distributed shared memory), which adds them after the cluster barrier and stores y.
+__device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y, long long row0, int ks, int rank,
+                                         int g, int t, float (*partial)[ROWS_PER_BLOCK],
+                                         float (*cluster_part)[ROWS_PER_BLOCK]) {
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
     if constexpr (DIAG) {
 #pragma unroll
@@ -377,7 +382,7 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y
 #pragma unroll
             for (int h = 0; h < 2; ++h) acc[tw][h] += warp_xor(acc[tw][h], 1);
     }
-    if constexpr (KSPLIT == 1) {
+    if constexpr (KSPLIT == 1 && KC == 1) {
         if (t == 0) {
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw)
@@ -402,28 +407,60 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y
                 float sum = 0.0f;
 #pragma unroll
                 for (int k = 0; k < KSPLIT; ++k) sum += partial[k][i];
-                y[row0 + i] = f_to_h(sum);
+                if constexpr (KC == 1)
+                    y[row0 + i] = f_to_h(sum);
+                else
+                    cluster_store(&cluster_part[rank][i], 0, sum);
+            }
+        }
+        if constexpr (KC > 1) {
+            cluster_sync();  // every block's sums are in block 0
+            if (rank == 0) {
+#pragma unroll
+                for (int r = 0; r < (ROWS_PER_BLOCK + BS - 1) / BS; ++r) {
+                    const int i = threadIdx.x + r * BS;
+                    if (i < ROWS_PER_BLOCK && row0 + i < N) {
+                        float sum = 0.0f;
+#pragma unroll
+                        for (int c = 0; c < KC; ++c) sum += cluster_part[c][i];
+                        y[row0 + i] = f_to_h(sum);
+                    }
+                }
             }
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BS)
+#if ${KCLUSTER} > 1
+#define I4_CLUSTER_DIMS __cluster_dims__(KC, 1, 1)
+#else
+#define I4_CLUSTER_DIMS
+#endif
+
+extern "C" __global__ void I4_CLUSTER_DIMS __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
     const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    const long long row0 = (long long)blockIdx.x * ROWS_PER_BLOCK;
+    // KC > 1: a cluster is KC consecutive blocks; block `rank` of it takes warps
+    // rank * KSPLIT .. of the row block's K split.
+    const int rank = KC > 1 ? blockIdx.x % KC : 0;
+    const long long row0 = (long long)(blockIdx.x / KC) * ROWS_PER_BLOCK;
     __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
     __shared__ float partial[KSPLIT > 1 ? KSPLIT : 1][ROWS_PER_BLOCK];
+#if ${KCLUSTER} > 1
+    __shared__ float cluster_part[KC][ROWS_PER_BLOCK];  // block 0's: every block's sums
+#else
+    float (*cluster_part)[ROWS_PER_BLOCK] = nullptr;
+#endif
     float acc[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
     I4_GRID_WAIT();
-    if (N % ROWS_PER_BLOCK != 0 && blockIdx.x == gridDim.x - 1)
-        tc_rows<true>(acc, x, w, scales, zeros, row0, ks, g, t, xs);
+    if (N % ROWS_PER_BLOCK != 0 && blockIdx.x / KC == gridDim.x / KC - 1)
+        tc_rows<true>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     else
-        tc_rows<false>(acc, x, w, scales, zeros, row0, ks, g, t, xs);
+        tc_rows<false>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     I4_GRID_LAUNCH_DEPENDENTS();  // this block's loads are done: the next kernel may start
-    tc_store(acc, y, row0, ks, g, t, partial);
+    tc_store(acc, y, row0, ks, rank, g, t, partial, cluster_part);
 }

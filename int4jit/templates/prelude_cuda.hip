@@ -100,6 +100,16 @@ __device__ __forceinline__ void copy_async16(u32 dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Thread block clusters (sm_90+): a store into the shared memory of block `rank` of the cluster,
+// and the barrier of every thread of the cluster (stores before it are seen after it).
+__device__ __forceinline__ void cluster_store(float* p, u32 rank, float v) {
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_address(p)), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 // Programmatic dependent launch (sm_90+; the launch sets the attribute): a kernel may start
 // while the one before it on the stream drains. It waits for that kernel's writes before its
 // first global read, and lets the next one start once its own loads are done.
