@@ -6,7 +6,8 @@
 #   bash bench/gpu_session.sh tests table;  bash bench/gpu_session.sh suite128;  bash bench/gpu_session.sh suite32
 # then, here: python3 bench/suite.py --from-log suite-g128.txt suite-g32.txt  (RESULTS.md, JSON, PNG)
 # and `profile` (~2 min): the per-warp timeline of the shapes whose shortfall has no timeline yet
-# (35840x5120, 16384x2048, 7680x5120 at g128) and the eager per-call time (bench/eager.py).
+# (35840x5120, 16384x2048, 7680x5120 at g128; 28672x4096 g32, now one wave as tuned) and the
+# eager per-call time (bench/eager.py).
 # Everything it writes that should come back lands in $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -21,7 +22,7 @@ if [[ $steps == *" table "* ]]; then
     cp int4jit/table.json "$OUT/"
 fi
 if [[ $steps == *" profile "* ]]; then
-    timeout 200 python3 bench/proto/timeline.py 35840 5120 128 16384 2048 128 7680 5120 128 > "$OUT/timeline.txt" 2>&1
+    timeout 200 python3 bench/proto/timeline.py 35840 5120 128 16384 2048 128 7680 5120 128 28672 4096 32 > "$OUT/timeline.txt" 2>&1
     echo "timeline rc=$?"; grep "call B phases" "$OUT/timeline.txt"
     timeout 120 python3 bench/eager.py 2>&1 | tee "$OUT/eager.txt"
 fi
