@@ -400,6 +400,7 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y
                 for (int h = 0; h < 2; ++h) partial[ks][16 * tw + 8 * h + g] = acc[tw][h];
         }
         __syncthreads();
+        if constexpr (KC > 1) cluster_wait();  // block 0 has started: its shared memory may be written
 #pragma unroll
         for (int r = 0; r < (ROWS_PER_BLOCK + BS - 1) / BS; ++r) {
             const int i = threadIdx.x + r * BS;
@@ -453,6 +454,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
 #else
     float (*cluster_part)[ROWS_PER_BLOCK] = nullptr;
 #endif
+    if constexpr (KC > 1) cluster_arrive_relaxed();  // this block has started (tc_store waits for all)
     float acc[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;

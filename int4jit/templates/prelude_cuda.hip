@@ -110,6 +110,10 @@ __device__ __forceinline__ void cluster_store(float* p, u32 rank, float v) {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The same barrier in two halves: arrive (this block has started), later wait (every block of
+// the cluster has, so their shared memory may be written).
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 // Programmatic dependent launch (sm_90+; the launch sets the attribute): a kernel may start
 // while the one before it on the stream drains. It waits for that kernel's writes before its
 // first global read, and lets the next one start once its own loads are done.
