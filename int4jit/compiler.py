@@ -172,14 +172,17 @@ def tc_streams(shape: GemvShape) -> bool:
 def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_LOADS_IN_FLIGHT,
                  contiguous: bool | None = None, stream: bool | None = None, raw_a: bool | None = None,
                  xperm: bool | None = None, xwarp: bool | None = None, wide_scales: bool = True,
-                 l2hint: bool | None = None, kcluster: int = 1) -> KernelGeometry:
+                 l2hint: bool | None = None, kcluster: int = 1, min_blocks: int = 0,
+                 one_wave_sms: int = 0) -> KernelGeometry:
     """(BS, TN) on gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows per warp); the
     BS/32 warps of a block split K in steps of 128 elements (no more warps than steps).
     Groups under 128 (per-chunk scales) walk K in contiguous ranges per warp, larger groups
     interleave the warps' steps; large g >= 128 shapes stream (tc_streams). Each choice was
     measured faster on the H200 (bench/NOTES.md). kcluster > 1 (sm_90, opt-in): clusters of
     that many blocks split each row block's K (kcluster times the grid, the block sums added in
-    block 0's shared memory); it falls back to 1 where K has fewer steps than that."""
+    block 0's shared memory); it falls back to 1 where K has fewer steps than that. min_blocks
+    (opt-in) caps registers so that many blocks fit a SM; one_wave_sms=S asks for as many as a
+    one-wave grid on S multiprocessors needs (at most 32)."""
     if contiguous is None:
         contiguous = shape.group < 128
     if stream is None:
@@ -203,14 +206,17 @@ def _tc_geometry(shape: GemvShape, cfg: LaunchConfig, loads_in_flight: int = TC_
     rows_per_block = 16 * tw
     # x in shared memory where it fits the static limit beside the K-split partial sums.
     xsmem = stream and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
+    grid = kc * -(-shape.N // rows_per_block)
+    if one_wave_sms and -(-grid // one_wave_sms) <= 32:
+        min_blocks = -(-grid // one_wave_sms)
     flag = lambda b: "true" if b else "false"
     return KernelGeometry(
         TEMPLATE_TC, (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", flag(contiguous)),
                       ("ROLL", flag(stream)), ("XSMEM", flag(xsmem)), ("L2HINT", int(l2hint)),
                       ("RAW_A", flag(raw_a)), ("XPERM", flag(xperm)), ("XWARP", flag(xwarp)),
-                      ("WIDE_SCALES", flag(wide_scales)), ("KCLUSTER", kc)),
+                      ("WIDE_SCALES", flag(wide_scales)), ("KCLUSTER", kc), ("MIN_BLOCKS", min_blocks)),
         rows_per_block,
-        kc * -(-shape.N // rows_per_block), 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * kc * per_warp),
+        grid, 32 * ksplit, False, (shape.K // 32) / (4 * ksplit * kc * per_warp),
         cfg.TN * unroll * 16, cfg.TN * per_warp * 16, cfg.TN, 48 + cfg.TN * unroll * 6 + 4 * tw)
 
 

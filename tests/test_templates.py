@@ -232,22 +232,33 @@ def test_tc_xwarp_needs_paired_streamed_x():
         compiler._tc_geometry(shape, LaunchConfig(512, 2), xwarp=True, stream=False)
 
 
+def _variant_build(monkeypatch, shape, cfg, arch="sm_90", **variant):
+    """(geometry, source name, source) of gemv_tc.hip with _tc_geometry keywords (an A/B
+    variant), as compiler.render_gemv_source makes it; NVRTC must be there."""
+    import functools
+    from conftest import require_compiler
+    require_compiler("cuda")
+    real = getattr(compiler._tc_geometry, "func", compiler._tc_geometry)
+    monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(real, **variant))
+    return (compiler.kernel_geometry(shape, cfg, arch), *compiler.render_gemv_source(shape, cfg, arch))
+
+
+def _nvrtc(name, source, arch="sm_90") -> bytes:
+    from int4jit.backends import cuda
+    return cuda.compile_source(source, name, arch, compiler.COMPILE_OPTIONS["cuda"])
+
+
 @pytest.mark.parametrize("group", [16, 32, 64])
 def test_tc_wide_scales_compile_and_change_the_build(group, monkeypatch):
     """On the diagonal with whole steps a lane's two chunks' scales of a row come in one load
     (8 bytes at g16, 4 at g32, one value for both at g64): each form compiles with NVRTC and
     the build differs from the per-chunk loads it replaces."""
-    import functools
-    from conftest import require_compiler
-    require_compiler("cuda")
-    from int4jit.backends import cuda
     shape, cfg = GemvShape(4096, 4096, group, False), LaunchConfig(128, 4)
-    real, binaries = compiler._tc_geometry, []
+    binaries = []
     for wide in (True, False):
-        monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(real, wide_scales=wide))
-        assert compiler.kernel_geometry(shape, cfg, "sm_90").param("WIDE_SCALES") == ("true" if wide else "false")
-        name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
-        binaries.append(cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"]))
+        geo, name, source = _variant_build(monkeypatch, shape, cfg, wide_scales=wide)
+        assert geo.param("WIDE_SCALES") == ("true" if wide else "false")
+        binaries.append(_nvrtc(name, source))
     assert all(b[:4] == b"\x7fELF" for b in binaries) and binaries[0] != binaries[1]
 
 
@@ -268,16 +279,22 @@ def test_tc_kcluster_geometry(N, K, cfg, ksplit, grid):
 def test_tc_kcluster_compiles_for_sm_90_only(monkeypatch):
     """The cluster build compiles with NVRTC for sm_90 (cluster dims in the binary's kernel);
     for sm_80 the template refuses it with a message that says why."""
-    import functools
-    from conftest import require_compiler
-    require_compiler("cuda")
-    from int4jit.backends import cuda
     from int4jit.errors import CompileError
-    monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(compiler._tc_geometry, kcluster=2))
     shape, cfg = GemvShape(4097, 17920, 32, False), LaunchConfig(128, 4)
-    name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
+    _, name, source = _variant_build(monkeypatch, shape, cfg, kcluster=2)
     assert "constexpr int KC = 2;" in source and "__cluster_dims__" in source
-    assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
-    name, source = compiler.render_gemv_source(shape, cfg, "sm_80")
+    assert _nvrtc(name, source)[:4] == b"\x7fELF"
+    _, name, source = _variant_build(monkeypatch, shape, cfg, "sm_80", kcluster=2)
     with pytest.raises(CompileError, match="cluster needs sm_90"):
-        cuda.compile_source(source, name, "sm_80", compiler.COMPILE_OPTIONS["cuda"])
+        _nvrtc(name, source, "sm_80")
+
+
+@pytest.mark.parametrize("N,cfg,blocks", [(28672, LaunchConfig(128, 4), 7),   # 896 blocks
+                                          (28672, LaunchConfig(128, 8), 4),   # 448
+                                          (2048, LaunchConfig(512, 2), 1)])   # 128
+def test_tc_one_wave_register_cap(N, cfg, blocks, monkeypatch):
+    """one_wave_sms=132 (opt-in) asks ptxas for as many blocks a SM as a one-wave grid on 132
+    SMs needs: __launch_bounds__(BS, blocks) in the source, which compiles."""
+    geo, name, source = _variant_build(monkeypatch, GemvShape(N, 4096, 32, False), cfg, one_wave_sms=132)
+    assert geo.param("MIN_BLOCKS") == blocks and f"__launch_bounds__(BS, {blocks})" in source
+    assert _nvrtc(name, source)[:4] == b"\x7fELF"

@@ -57,7 +57,10 @@ KNOWN = {"tc": dict(kernel="tc"), "tc, no raw": dict(kernel="tc", raw_a=False, x
          # session 8 (not yet run on a GPU): two blocks of a cluster split each row block's K,
          # their sums added in block 0's shared memory — finer balance where row blocks per SM
          # are not whole (5120x17920: 320 row blocks on 132 SMs)
-         "kcluster": dict(kernel="tc", kcluster=2)}
+         "kcluster": dict(kernel="tc", kcluster=2),
+         # session 8 (not yet run on a GPU): registers capped so that the grid is one wave on the
+         # H200's 132 SMs (28672x4096 g32 (128,4): 78 registers hold 6 blocks a SM, 896 need 7)
+         "one wave": dict(kernel="tc", one_wave_sms=132)}
 # (session 7 also tried the weights' L2 lines marked evict-first through createpolicy: no gain,
 # 28672x4096 17.61 -> 18.58 us; removed.)
 VARIANTS = {k: KNOWN[k] for k in ("tc", "tc, no raw")}

@@ -52,9 +52,13 @@ def stamped_kernel(dev, shape, cfg, buf, min_blocks: int | None = None):
     """The tuned build with stamps; min_blocks asks ptxas to keep that many blocks a SM (the
     stamps need registers, and a build that holds fewer blocks a SM than the plain one is not
     the kernel being profiled; __launch_bounds__ overrides --maxrregcount, so this is the way)."""
-    name, src = compiler.render_gemv_source(shape, cfg, dev.arch)
+    real = compiler._tc_geometry
     if min_blocks:
-        src = src.replace("__launch_bounds__(BS)", f"__launch_bounds__(BS, {min_blocks})", 1)
+        compiler._tc_geometry = functools.partial(real, min_blocks=min_blocks)
+    try:
+        name, src = compiler.render_gemv_source(shape, cfg, dev.arch)
+    finally:
+        compiler._tc_geometry = real
     for old, new in PATCHES:
         if src.count(old) != 1:
             raise SystemExit(f"timeline: the template no longer has {old.strip()!r} exactly once")

@@ -438,7 +438,13 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y
 #define I4_CLUSTER_DIMS
 #endif
 
-extern "C" __global__ void I4_CLUSTER_DIMS __launch_bounds__(BS)
+#if ${MIN_BLOCKS} > 0
+#define I4_BOUNDS __launch_bounds__(BS, ${MIN_BLOCKS})  // registers capped so that many blocks fit a SM
+#else
+#define I4_BOUNDS __launch_bounds__(BS)
+#endif
+
+extern "C" __global__ void I4_CLUSTER_DIMS I4_BOUNDS
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
     const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
