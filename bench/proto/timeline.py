@@ -39,7 +39,8 @@ PATCHES = [
     ("    for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {\n",
      "    I4TL(2);\n    for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {\n        if (s0 == s_begin + BATCH) I4TL(3);\n"),
     ("    I4_GRID_LAUNCH_DEPENDENTS();", "    I4TL(4);\n    I4_GRID_LAUNCH_DEPENDENTS();"),
-    ("    tc_store(acc, y, row0, ks, g, t, partial);\n}", "    tc_store(acc, y, row0, ks, g, t, partial);\n    I4TL(5);\n}"),
+    ("    tc_store(acc, y, row0, ks, rank, g, t, partial, cluster_part);\n}",
+     "    tc_store(acc, y, row0, ks, rank, g, t, partial, cluster_part);\n    I4TL(5);\n}"),
 ]
 
 
