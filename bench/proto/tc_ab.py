@@ -60,7 +60,10 @@ KNOWN = {"tc": dict(kernel="tc"), "tc, no raw": dict(kernel="tc", raw_a=False, x
          "kcluster": dict(kernel="tc", kcluster=2),
          # session 8 (not yet run on a GPU): registers capped so that the grid is one wave on the
          # H200's 132 SMs (28672x4096 g32 (128,4): 78 registers hold 6 blocks a SM, 896 need 7)
-         "one wave": dict(kernel="tc", one_wave_sms=132)}
+         "one wave": dict(kernel="tc", one_wave_sms=132),
+         # session 8: g32 is latency-bound on its batch fence (ncu); twice the loads a lane
+         # keeps in flight (UNROLL doubled) — slower on g128 in session 6, not tried on g32 since
+         "8 loads": dict(kernel="tc", loads_in_flight=8)}
 # (session 7 also tried the weights' L2 lines marked evict-first through createpolicy: no gain,
 # 28672x4096 17.61 -> 18.58 us; removed.)
 VARIANTS = {k: KNOWN[k] for k in ("tc", "tc, no raw")}
