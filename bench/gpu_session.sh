@@ -7,7 +7,8 @@
 # then, here: python3 bench/suite.py --from-log suite-g128.txt suite-g32.txt  (RESULTS.md, JSON, PNG)
 # and `profile` (~2 min): the per-warp timeline of the shapes whose shortfall has no timeline yet
 # (35840x5120, 16384x2048, 7680x5120 at g128; 28672x4096 g32, now one wave as tuned) and the
-# eager per-call time (bench/eager.py).
+# eager per-call time (bench/eager.py); `ab` (~2-3 min): tc_ab.py's prepared variants against
+# the default (correctness first) on the shapes they were built for.
 # Everything it writes that should come back lands in $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -25,6 +26,12 @@ if [[ $steps == *" profile "* ]]; then
     timeout 200 python3 bench/proto/timeline.py 35840 5120 128 16384 2048 128 7680 5120 128 28672 4096 32 > "$OUT/timeline.txt" 2>&1
     echo "timeline rc=$?"; grep "call B phases" "$OUT/timeline.txt"
     timeout 120 python3 bench/eager.py 2>&1 | tee "$OUT/eager.txt"
+fi
+if [[ $steps == *" ab "* ]]; then
+    timeout 400 python3 bench/proto/tc_ab.py --variants tc kcluster "one wave" "8 loads" --shapes 5120x17920x128 \
+        4096x14336x128 28672x4096x128 35840x5120x128 28672x4096x32 128256x4096x32 4096x14336x32 5120x17920x32 \
+        2048x8192x32 > "$OUT/tc-ab.txt" 2>&1
+    echo "tc_ab rc=$?"; tail -12 "$OUT/tc-ab.txt"
 fi
 for g in 128 32; do
     if [[ $steps == *" suite$g "* ]]; then
