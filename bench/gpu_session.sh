@@ -9,7 +9,8 @@
 # (35840x5120, 16384x2048, 7680x5120 at g128; 28672x4096 g32, now one wave as tuned) and the
 # eager per-call time (bench/eager.py); `ab` (~2-3 min): tc_ab.py's prepared variants against
 # the default (correctness first) on the shapes they were built for.
-# Everything it writes that should come back lands in $OUT.
+# Everything it writes that should come back lands in $OUT: at most 8 files come back from one
+# call (session 8 lost table.json behind ncu reports) and names with "=" do not come back.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 INT4JIT_CACHE_DIR=/tmp/i4c
