@@ -27,8 +27,6 @@ __device__ __forceinline__ u32x2 load_stream8(const void* p) {
 }
 __device__ __forceinline__ u32x4 load_cached16(const void* p) { return *(const u32x4*)p; }
 __device__ __forceinline__ u16 load_cached_u16(const u16* p) { return *p; }
-__device__ __forceinline__ u32 load_cached_u32(const void* p) { return *(const u32*)p; }
-__device__ __forceinline__ u32x2 load_cached8(const void* p) { return *(const u32x2*)p; }
 __device__ __forceinline__ u8 load_cached_u8(const u8* p) { return *p; }
 
 __device__ __forceinline__ u32 h2_sub(u32 a, u32 b) { return as_u32(as_f16x2(a) - as_f16x2(b)); }
