@@ -400,33 +400,33 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y
                 for (int h = 0; h < 2; ++h) partial[ks][16 * tw + 8 * h + g] = acc[tw][h];
         }
         __syncthreads();
-        if constexpr (KC > 1) cluster_wait();  // block 0 has started: its shared memory may be written
+        // f(i) for each of the block's rows i (threads over rows) that exists.
+        auto each_row = [&](auto&& f) {
 #pragma unroll
-        for (int r = 0; r < (ROWS_PER_BLOCK + BS - 1) / BS; ++r) {
-            const int i = threadIdx.x + r * BS;
-            if (i < ROWS_PER_BLOCK && row0 + i < N) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int k = 0; k < KSPLIT; ++k) sum += partial[k][i];
-                if constexpr (KC == 1)
-                    y[row0 + i] = f_to_h(sum);
-                else
-                    cluster_store(&cluster_part[rank][i], 0, sum);
+            for (int r = 0; r < (ROWS_PER_BLOCK + BS - 1) / BS; ++r) {
+                const int i = threadIdx.x + r * BS;
+                if (i < ROWS_PER_BLOCK && row0 + i < N) f(i);
             }
-        }
+        };
+        if constexpr (KC > 1) cluster_wait();  // block 0 has started: its shared memory may be written
+        each_row([&](int i) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KSPLIT; ++k) sum += partial[k][i];
+            if constexpr (KC == 1)
+                y[row0 + i] = f_to_h(sum);
+            else
+                cluster_store(&cluster_part[rank][i], 0, sum);
+        });
         if constexpr (KC > 1) {
             cluster_sync();  // every block's sums are in block 0
             if (rank == 0) {
+                each_row([&](int i) {
+                    float sum = 0.0f;
 #pragma unroll
-                for (int r = 0; r < (ROWS_PER_BLOCK + BS - 1) / BS; ++r) {
-                    const int i = threadIdx.x + r * BS;
-                    if (i < ROWS_PER_BLOCK && row0 + i < N) {
-                        float sum = 0.0f;
-#pragma unroll
-                        for (int c = 0; c < KC; ++c) sum += cluster_part[c][i];
-                        y[row0 + i] = f_to_h(sum);
-                    }
-                }
+                    for (int c = 0; c < KC; ++c) sum += cluster_part[c][i];
+                    y[row0 + i] = f_to_h(sum);
+                });
             }
         }
     }
