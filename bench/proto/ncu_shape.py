@@ -1,8 +1,7 @@
 """One int4jit.gemv launch of a shape at a forced config, for `ncu` (after a warm-up call).
     ncu --clock-control none -k regex:int4jit --launch-skip 1 --launch-count 1 \\
-        python3 bench/proto/ncu_shape.py N K GROUP BS TN [KEY=0|1 ...]
-KEY=0|1: a compiler._tc_geometry keyword (a variant, as in tc_ab.py)."""
-import functools
+        python3 bench/proto/ncu_shape.py N K GROUP BS TN [KEY=VALUE ...]
+KEY=VALUE: a compiler._tc_geometry keyword (a variant, as in tc_ab.py: xwarp=1, kcluster=2)."""
 import os
 import sys
 from pathlib import Path
@@ -12,13 +11,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import int4jit  # noqa: E402
-from int4jit import compiler  # noqa: E402
 from int4jit import reference  # noqa: E402
 from int4jit.shapes import GemvShape  # noqa: E402
 
+import variant  # noqa: E402
+
 N, K, G, BS, TN = map(int, sys.argv[1:6])
-variant = {k: v == "1" for k, v in (item.split("=") for item in sys.argv[6:])}
-compiler._tc_geometry = functools.partial(compiler._tc_geometry, **variant)
+keywords = variant.parse(sys.argv[6:])
+variant.use(**keywords)
 os.environ["INT4JIT_CONFIG"] = f"{BS},{TN}"
 x, w, s, z = (torch.from_numpy(a).cuda() for a in reference.random_problem(GemvShape(N, K, G, False)))
 out = torch.empty(N, dtype=torch.float16, device="cuda")
@@ -26,4 +26,4 @@ for _ in range(2):
     int4jit.gemv(x, w, s, z, out=out)
 torch.cuda.synchronize()
 ref = int4jit.reference_gemv(*(a.cpu().numpy() for a in (x, w, s, z)))
-print(f"{N}x{K} g{G} ({BS},{TN}) {variant or ''}: rel err {np.linalg.norm(out.cpu().numpy() - ref) / np.linalg.norm(ref):.1e}")
+print(f"{N}x{K} g{G} ({BS},{TN}) {keywords or ''}: rel err {np.linalg.norm(out.cpu().numpy() - ref) / np.linalg.norm(ref):.1e}")

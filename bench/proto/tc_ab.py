@@ -8,7 +8,6 @@
     python3 bench/proto/tc_ab.py [--quick | --mini] [--variants NAME ...] [--shapes NxKxG ...]
 """
 import argparse
-import functools
 import os
 import sys
 import time
@@ -21,14 +20,13 @@ sys.path.insert(0, str(ROOT))
 from int4jit import compiler, launch, reference, tuner  # noqa: E402
 from int4jit.shapes import GemvShape, LaunchConfig, candidate_grid  # noqa: E402
 
-_REAL_TC = compiler._tc_geometry
+import variant  # noqa: E402
 
 
-def use(kernel: str, pdl: bool = True, **variant):
+def use(kernel: str, pdl: bool = True, **keywords):
     os.environ["INT4JIT_KERNEL"] = kernel
     os.environ["INT4JIT_PDL"] = "1" if pdl else "0"
-    compiler._tc_geometry = functools.partial(_REAL_TC, **variant)
-    compiler._memo.clear()
+    variant.use(**keywords)
     launch._loaded.clear()
 
 

@@ -10,7 +10,6 @@ of each stamp, the gap between calls, and what each phase costs the call.
     python3 bench/proto/timeline.py [N K G ...]   (default: the suite's large shapes)
 """
 import argparse
-import functools
 import sys
 from pathlib import Path
 
@@ -21,6 +20,8 @@ sys.path.insert(0, str(ROOT))
 from int4jit import backends, compiler, launch, tuner  # noqa: E402
 from int4jit.shapes import GemvShape  # noqa: E402
 from int4jit.tuner import BenchBuffers  # noqa: E402
+
+import variant  # noqa: E402
 
 STAMPS = 8  # per warp: E0..E5, smid, spare
 STAMP_MACRO = r"""
@@ -53,13 +54,8 @@ def stamped_kernel(dev, shape, cfg, buf, min_blocks: int | None = None):
     """The tuned build with stamps; min_blocks asks ptxas to keep that many blocks a SM (the
     stamps need registers, and a build that holds fewer blocks a SM than the plain one is not
     the kernel being profiled; __launch_bounds__ overrides --maxrregcount, so this is the way)."""
-    real = compiler._tc_geometry
-    if min_blocks:
-        compiler._tc_geometry = functools.partial(real, min_blocks=min_blocks)
-    try:
+    with variant.adding(**({"min_blocks": min_blocks} if min_blocks else {})):
         name, src = compiler.render_gemv_source(shape, cfg, dev.arch)
-    finally:
-        compiler._tc_geometry = real
     for old, new in PATCHES:
         if src.count(old) != 1:
             raise SystemExit(f"timeline: the template no longer has {old.strip()!r} exactly once")
@@ -144,12 +140,12 @@ DEFAULT = [(28672, 4096, 128), (4096, 14336, 128), (5120, 17920, 128), (128256, 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", nargs="*", type=int, help="N K G, repeated (each at its selected config)")
-    ap.add_argument("--variant", nargs="*", default=[], metavar="KEY=0|1",
-                    help="keywords of compiler._tc_geometry, e.g. xwarp=1")
+    ap.add_argument("--variant", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="keywords of compiler._tc_geometry, e.g. xwarp=1 kcluster=2")
     a = ap.parse_args()
     if a.variant:
-        kw = {k: v == "1" for k, v in (item.split("=") for item in a.variant)}
-        compiler._tc_geometry = functools.partial(compiler._tc_geometry, **kw)
+        kw = variant.parse(a.variant)
+        variant.use(**kw)
         print(f"variant: {kw}")
     dev = backends.device()
     shapes = DEFAULT if not a.shape else [tuple(a.shape[i:i + 3]) for i in range(0, len(a.shape), 3)]
