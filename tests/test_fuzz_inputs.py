@@ -9,7 +9,7 @@ import int4jit
 from int4jit.shapes import SUPPORTED_GROUPS
 from int4jit.validate import validate
 
-from conftest import rel_error
+from conftest import few_outputs_floor, rel_error
 
 DTYPES = [np.float16, np.float32, np.uint8, np.int8, np.float64]
 
@@ -110,7 +110,8 @@ def test_gemv_property_on_gpu(spec):
             int4jit.gemv(x, w, s, z, out=out)
         return
     y = int4jit.gemv(x, w, s, z, out=out)
-    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= 2e-3 or np.linalg.norm(int4jit.reference_gemv(x, w, s, z)) == 0
+    ref = int4jit.reference_gemv(x, w, s, z)
+    assert rel_error(y, ref, few_outputs_floor(x, w, s, z)) <= 2e-3 or np.linalg.norm(ref) == 0
 
 
 def test_property_exercised_both_sides():
