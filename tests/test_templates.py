@@ -166,19 +166,34 @@ def test_tc_streaming_rule(N, K, group, streams, xsmem):
         assert 2 * K + 4 * geo.param("KSPLIT") * geo.rows_per_block <= compiler.STATIC_SMEM_LIMIT
 
 
+def _variant_build(monkeypatch, shape, cfg, arch="sm_90", **variant):
+    """(geometry, source name, source) of gemv_tc.hip with _tc_geometry keywords (an A/B
+    variant), as compiler.render_gemv_source makes it; NVRTC must be there."""
+    import functools
+    from conftest import require_compiler
+    require_compiler("cuda")
+    real = getattr(compiler._tc_geometry, "func", compiler._tc_geometry)
+    monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(real, **variant))
+    return (compiler.kernel_geometry(shape, cfg, arch), *compiler.render_gemv_source(shape, cfg, arch))
+
+
+def _nvrtc(name, source, arch="sm_90") -> bytes:
+    from int4jit.backends import cuda
+    return cuda.compile_source(source, name, arch, compiler.COMPILE_OPTIONS["cuda"])
+
+
 @pytest.mark.parametrize("N,K,group,stream", [(8200, 4224, 128, True), (4100, 4160, 32, False)])
 def test_tc_streaming_source_compiles(N, K, group, stream):
     """Both schedules of gemv_tc.hip render as the rule says and compile with NVRTC, on a
     partial last row block (and K % 128 != 0 for the plain one)."""
     from conftest import require_compiler
     require_compiler("cuda")
-    from int4jit.backends import cuda
     shape, cfg = GemvShape(N, K, group, False), LaunchConfig(256, 4)
     assert compiler.tc_streams(shape) is stream
     name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
     flag = "true" if stream else "false"
     assert f"constexpr bool ROLL = {flag};" in source and f"constexpr bool XSMEM = {flag};" in source
-    assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
+    assert _nvrtc(name, source)[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("N,K,group,cfg,raw,xwarp", [
@@ -204,22 +219,15 @@ def test_tc_raw_a_and_xwarp_rule(N, K, group, cfg, raw, xwarp):
 
 @pytest.mark.parametrize("N,K,group,sym", [(8200, 4224, 128, False), (8200, 4096, 128, True), (1000, 2080, 16, False),
                                            (1001, 4160, 32, True), (333, 4864, 64, False)])
-def test_tc_raw_a_compiles_for_every_group(N, K, group, sym):
+def test_tc_raw_a_compiles_for_every_group(N, K, group, sym, monkeypatch):
     """RAW_A forced on (with and without pre-paired x) compiles for every group class, tails and
     partial steps included: the switch is correct C++ wherever the A/B may turn it on."""
-    from conftest import require_compiler
-    require_compiler("cuda")
-    import functools
-    from int4jit.backends import cuda
+    monkeypatch.setenv("INT4JIT_KERNEL", "tc")
     shape, cfg = GemvShape(N, K, group, sym), LaunchConfig(256, 4)
     for xperm in (False, True):
-        geo = functools.partial(compiler._tc_geometry, raw_a=True, xperm=xperm, stream=True)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(compiler, "_tc_geometry", geo)
-            mp.setenv("INT4JIT_KERNEL", "tc")
-            name, source = compiler.render_gemv_source(shape, cfg, "sm_90")
+        _, name, source = _variant_build(monkeypatch, shape, cfg, raw_a=True, xperm=xperm, stream=True)
         assert "constexpr bool RAW_A = true;" in source
-        assert cuda.compile_source(source, name, "sm_90", compiler.COMPILE_OPTIONS["cuda"])[:4] == b"\x7fELF"
+        assert _nvrtc(name, source)[:4] == b"\x7fELF"
 
 
 def test_tc_xwarp_needs_paired_streamed_x():
@@ -230,22 +238,6 @@ def test_tc_xwarp_needs_paired_streamed_x():
         compiler._tc_geometry(shape, LaunchConfig(512, 2), xwarp=True, xperm=False)
     with pytest.raises(ValueError, match="xwarp"):
         compiler._tc_geometry(shape, LaunchConfig(512, 2), xwarp=True, stream=False)
-
-
-def _variant_build(monkeypatch, shape, cfg, arch="sm_90", **variant):
-    """(geometry, source name, source) of gemv_tc.hip with _tc_geometry keywords (an A/B
-    variant), as compiler.render_gemv_source makes it; NVRTC must be there."""
-    import functools
-    from conftest import require_compiler
-    require_compiler("cuda")
-    real = getattr(compiler._tc_geometry, "func", compiler._tc_geometry)
-    monkeypatch.setattr(compiler, "_tc_geometry", functools.partial(real, **variant))
-    return (compiler.kernel_geometry(shape, cfg, arch), *compiler.render_gemv_source(shape, cfg, arch))
-
-
-def _nvrtc(name, source, arch="sm_90") -> bytes:
-    from int4jit.backends import cuda
-    return cuda.compile_source(source, name, arch, compiler.COMPILE_OPTIONS["cuda"])
 
 
 @pytest.mark.parametrize("group", [16, 32, 64])
