@@ -1,90 +1,92 @@
 """int4jit against its peers on the tuner suite, in one process, on one GPU (issue 4).
 
-Per shape and group: int4jit (its selected config), fp16 cuBLAS (F.linear), torch tinygemm
+Per shape and group: int4jit (the public call, torch tensors, out=; its first call tunes and
+its INT4JIT_TRACE lines go into the JSON row), fp16 cuBLAS (F.linear), torch tinygemm
 (_weight_int4pack_mm, bf16), bitsandbytes gemv_4bit (nf4, blocksize 64) and gemlite A16W4.
 Every figure is graph replay over enough rotating weight copies to defeat L2, events, median
 of 5 (the method of ../shared/bench/peers.py); bandwidth = int4 bytes (weights + scales +
 zeros + x + y) / time, against the device-to-device copy bandwidth measured in this run.
-Writes bench/results/<date>-h200.json, bench/RESULTS.md (table) and a PNG plot.
+Writes bench/results/<date>-h200.json, the "Peer suite" section of bench/RESULTS.md and a PNG plot.
 
 Peers are benchmark-only: bitsandbytes travels as its wheel, gemlite's package folder is put
 under .peers/ (bench/fetch_peers.sh prepares both)."""
+import argparse
 import datetime
 import json
+import logging
 import math
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (L2_DEFEAT, RESULTS_DIR, graph_time, copy_bandwidth, int4_bytes,  # noqa: E402
+                    import_gemlite, gpu_or_exit, write_section)
+
 import int4jit  # noqa: E402
-from int4jit import backends, tuner  # noqa: E402
-from int4jit.launch import load_kernel  # noqa: E402
-from int4jit.shapes import GemvShape  # noqa: E402
 
 SUITE = [(1152, 896), (896, 896), (9728, 896), (896, 4864), (3072, 2048), (2048, 2048), (16384, 2048),
          (2048, 8192), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
          (7680, 5120), (5120, 5120), (35840, 5120), (5120, 17920)]
-L2_DEFEAT = 400 << 20
+SECTION = "Peer suite"
 
 
-def ev_time(fn, iters):
-    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-    fn()
-    torch.cuda.synchronize()
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / iters * 1e3
+def random_problem(rng, N, K, G):
+    w = rng.integers(0, 256, size=(N, K // 2), dtype=np.uint8)
+    s = (rng.random((N, K // G)) * 0.02 + 0.001).astype(np.float16)
+    z = rng.integers(0, 16, size=(N, K // G), dtype=np.uint8)
+    x = rng.standard_normal(K).astype(np.float16)
+    return x, w, s, z
 
 
-def graph_time(ops):
-    for op in ops:
-        op()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for op in ops:
-            op()
-    reps = max(3, int(2000 / len(ops)))
-    ev_time(g.replay, reps)
-    return sorted(ev_time(g.replay, reps) for _ in range(5))[2] / len(ops)
+class _Decisions(logging.Handler):
+    """Collects INT4JIT_TRACE's lines (which tier, which config) for the row's record."""
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
 
 
-def copy_bw():
-    n = 2 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
-    b = torch.empty_like(a)
-    t = sorted(ev_time(lambda: b.copy_(a), 10) for _ in range(5))[2]
-    return 2 * n / (t * 1e-6)
-
-
-def int4jit_row(dev, shape):
-    sel = tuner.select_config(shape, dev.arch, dev)
-    bufs = tuner.BenchBuffers(dev, shape)
-    stream = dev.create_stream()
+def int4jit_row(N, K, G):
+    """µs per call of int4jit.gemv (public API, torch tensors, out=) in graph replay over
+    rotating weight copies, and the trace of its first (tuning) call."""
+    import torch
+    c = max(2, min(512, math.ceil(L2_DEFEAT / int4_bytes(N, K, G))))
+    x = torch.randn(K, device="cuda", dtype=torch.float16)
+    y = torch.empty(N, device="cuda", dtype=torch.float16)
+    sets = [(torch.randint(0, 256, (N, K // 2), device="cuda", dtype=torch.uint8),
+             torch.rand(N, K // G, device="cuda", dtype=torch.float16) * 0.01 + 0.001,
+             torch.randint(0, 16, (N, K // G), device="cuda", dtype=torch.uint8)) for _ in range(c)]
+    log = logging.getLogger("int4jit")
+    rec, old = _Decisions(), os.environ.get("INT4JIT_TRACE")
+    log.addHandler(rec)
+    os.environ["INT4JIT_TRACE"] = "1"
     try:
-        us = sorted(tuner.time_kernel(load_kernel(dev, shape, sel.config), bufs, stream) for _ in range(5))[2]
+        int4jit.gemv(x, *sets[0], out=y)
+        torch.cuda.synchronize()
     finally:
-        dev.destroy_stream(stream)
-        bufs.free()
-    return sel, us
+        log.removeHandler(rec)
+        os.environ.pop("INT4JIT_TRACE") if old is None else os.environ.__setitem__("INT4JIT_TRACE", old)
+    us = graph_time([lambda t=t: int4jit.gemv(x, *t, out=y) for t in sets])
+    del sets
+    return us, rec.lines
 
 
-def accuracy(shape):
-    x, w, s, z = int4jit.reference.random_problem(shape)
+def accuracy(N, K, G):
+    import torch
+    x, w, s, z = random_problem(np.random.default_rng(N * K + G), N, K, G)
     y = int4jit.gemv(*(torch.from_numpy(a).cuda() for a in (x, w, s, z))).cpu().numpy().astype(np.float64)
     ref = np.concatenate([int4jit.reference_gemv(x, w[i:i + 4096], s[i:i + 4096], z[i:i + 4096])
-                          for i in range(0, shape.N, 4096)])
+                          for i in range(0, N, 4096)])
     return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
 
 
 def peers(N, K, G, nbytes):
+    import torch
     out = {}
     x16 = torch.randn(1, K, device="cuda", dtype=torch.float16)
     c = max(2, min(64, math.ceil(L2_DEFEAT / (N * K * 2))))
@@ -109,8 +111,7 @@ def peers(N, K, G, nbytes):
     except Exception as e:  # a peer that fails is reported, not fatal  # noqa: BLE001
         out["bnb_err"] = repr(e)[:200]
     try:
-        sys.path.insert(0, str(ROOT / ".peers"))
-        from gemlite import DType, GemLiteLinear
+        GemLiteLinear, DType = import_gemlite()
         layers = []
         for _ in range(min(c, 32)):
             L = GemLiteLinear(4, group_size=G, in_features=K, out_features=N, input_dtype=DType.FP16, output_dtype=DType.FP16)
@@ -127,7 +128,6 @@ def peers(N, K, G, nbytes):
 
 
 def main():
-    import argparse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", help="comma-separated NxK subset of the suite (a trial run: nothing is written)")
     ap.add_argument("--groups", default="128,32", help="group sizes (default 128,32)")
@@ -137,25 +137,26 @@ def main():
     args = ap.parse_args()
     if args.from_log:
         return write_from_log([Path(f) for f in args.from_log])
+    torch = gpu_or_exit("suite.py")
     suite = SUITE if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
-    dev = backends.device()
-    bw = copy_bw()
-    print(f"{dev.name}: copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    device = torch.cuda.get_device_name()
+    bw = copy_bandwidth()
+    print(f"{device}: copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     rows = []
     for G in map(int, args.groups.split(",")):
         for N, K in suite:
-            shape = GemvShape(N, K, G, False)
-            sel, us = int4jit_row(dev, shape)
-            row = {"N": N, "K": K, "group": G, "bytes": shape.weight_bytes, "int4jit": us, "config": str(sel.config),
-                   "tier": sel.tier, "rel_err": accuracy(shape), **peers(N, K, G, shape.weight_bytes)}
+            nbytes = int4_bytes(N, K, G)
+            us, decisions = int4jit_row(N, K, G)
+            row = {"N": N, "K": K, "group": G, "bytes": nbytes, "int4jit": us, "trace": decisions,
+                   "rel_err": accuracy(N, K, G), **peers(N, K, G, nbytes)}
             best = min(row[k] for k in ("fp16_cublas", "tinygemm", "bnb_nf4", "gemlite") if k in row)
-            row["pct_copy_bw"] = 100 * shape.weight_bytes / (us * 1e-6) / bw
+            row["pct_copy_bw"] = 100 * nbytes / (us * 1e-6) / bw
             row["speedup_vs_best_peer"] = best / us
             print(json.dumps(row), flush=True)
             rows.append(row)
     if args.shapes:
         return
-    write_outputs(dev.name, bw, rows, datetime.date.today().isoformat())
+    write_outputs(device, bw, rows, datetime.date.today().isoformat())
 
 
 def write_from_log(paths):
@@ -181,10 +182,11 @@ def write_from_log(paths):
 
 
 def write_outputs(device: str, bw: float, rows, date: str, missing=()):
-    res_dir = ROOT / "bench" / "results"
+    res_dir = RESULTS_DIR
     doc = {"device": device, "copy_Bps": bw, "date": date, "rows": rows, "missing": list(missing)}
     (res_dir / f"{date}-h200.json").write_text(json.dumps(doc, indent=1))
-    lines = [f"# int4jit vs peers, {device}, {date} (copy {bw / 1e12:.2f} TB/s; µs per call, graph replay)", "",
+    lines = [f"int4jit vs peers, {device}, {date} (copy {bw / 1e12:.2f} TB/s; µs per call, graph replay; "
+             "`python3 bench/suite.py`)", "",
              "| N×K | g | int4jit µs | GB/s | % copy BW | fp16 cuBLAS | tinygemm | bnb nf4 | gemlite | speed-up vs best peer | rel err |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda r, k: f"{r[k]:.2f}" if k in r else "n/a"
@@ -195,7 +197,12 @@ def write_outputs(device: str, bw: float, rows, date: str, missing=()):
     if missing:
         lines += ["", f"Not measured in this run (it reached its time limit first): {', '.join(missing)}."]
     lines += ["", f"![% of copy bandwidth](results/{date}-h200.png)"]
-    (ROOT / "bench" / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    write_section(SECTION, "\n".join(lines))
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not importable: no PNG")
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
