@@ -1,21 +1,30 @@
-"""Eager per-call wall time of int4jit.gemv from Python (torch tensors, out= given),
-next to torch's tinygemm eager call. Median of 5 runs of 2000 calls."""
+"""Eager per-call wall time (host-bound loop, synchronized, median of 5 runs of 2000 calls) of
+int4jit's torch entry points against torch's own, at one shape (default 4096x4096, g=128):
+
+  gemv, same x and out= tensor objects every call   (the per-call fast path)
+  gemv, a new x and a new out every call             (as a model makes it; the allocation is
+                                                      timed on its own and listed)
+  Int4Linear forward, same x / a new x every call
+  torch tinygemm (_weight_int4pack_mm, bf16), same x / a new x every call
+  F.linear fp16 (GPU-bound at this size: the weights are 4x the bytes)
+
+    python3 bench/eager.py [--shape 4096x4096] [--group 128] [--calls 2000] [--no-write]
+
+Writes the "Eager per call" section of bench/RESULTS.md and bench/results/eager-<date>.json."""
+import argparse
+import datetime
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import torch
-
-import int4jit
-
-N = K = 4096
-x = torch.randn(K, dtype=torch.float16, device="cuda")
-w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
-s = torch.rand(N, K // 128, dtype=torch.float16, device="cuda") * 0.01
-z = torch.randint(0, 16, (N, K // 128), dtype=torch.uint8, device="cuda")
-out = torch.empty(N, dtype=torch.float16, device="cuda")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS_DIR, gpu_or_exit, tinygemm_mm, tinygemm_pack, write_section  # noqa: E402
 
 
-def per_call(fn, n=2000):
+def per_call(fn, n, torch):
+    """µs of host wall time per fn() call: n calls then a synchronize, median of 5 runs."""
     fn()
     torch.cuda.synchronize()
     runs = []
@@ -28,11 +37,68 @@ def per_call(fn, n=2000):
     return statistics.median(runs)
 
 
-print(f"int4jit.gemv eager {N}x{K} g128: {per_call(lambda: int4jit.gemv(x, w, s, z, out=out)):.2f} us/call")
-try:
-    wp = torch._convert_weight_to_int4pack(w, 8)
-    sz = torch.randn(K // 128, N, 2, device="cuda", dtype=torch.bfloat16) * 0.01
-    xb = x.to(torch.bfloat16).reshape(1, -1)
-    print(f"tinygemm eager: {per_call(lambda: torch._weight_int4pack_mm(xb, wp, 128, sz)):.2f} us/call")
-except (RuntimeError, AttributeError) as e:
-    print("tinygemm unavailable:", e)
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="4096x4096", help="NxK (default 4096x4096)")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    args = ap.parse_args()
+    torch = gpu_or_exit("eager.py")
+    import int4jit
+    import int4jit.torch as i4t
+
+    N, K = map(int, args.shape.split("x"))
+    G = args.group
+    n = args.calls
+    x = torch.randn(K, dtype=torch.float16, device="cuda")
+    w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
+    s = torch.rand(N, K // G, dtype=torch.float16, device="cuda") * 0.01
+    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, device="cuda")
+    out = torch.empty(N, dtype=torch.float16, device="cuda")
+    rows = {}
+
+    def measure(name, fn):
+        try:
+            rows[name] = per_call(fn, n, torch)
+            print(f"{name:48s} {rows[name]:8.2f} µs/call", flush=True)
+        except Exception as e:  # one failing path is reported, the others still run  # noqa: BLE001
+            rows[name + " (error)"] = repr(e)[:200]
+            print(f"{name:48s} failed: {e!r}"[:300], flush=True)
+
+    measure("allocate x and out (torch.empty_like x2)", lambda: (torch.empty_like(x), torch.empty_like(out)))
+    measure("int4jit.gemv, same x and out=", lambda: int4jit.gemv(x, w, s, z, out=out))
+    measure("int4jit.gemv, new x and new out", lambda: int4jit.gemv(torch.empty_like(x), w, s, z,
+                                                                  out=torch.empty_like(out)))
+    lin = i4t.Int4Linear(w, s, z)
+    x2 = x.reshape(1, K)
+    measure("Int4Linear forward, same x", lambda: lin(x2))
+    measure("Int4Linear forward, new x", lambda: lin(torch.empty_like(x2)))
+    try:
+        sz = torch.randn(K // G, N, 2, device="cuda", dtype=torch.bfloat16) * 0.01
+        wp, sz = tinygemm_pack(w, sz)
+        xb = x.to(torch.bfloat16).reshape(1, -1)
+        measure("torch tinygemm (bf16), same x", lambda: tinygemm_mm(xb, wp, G, sz))
+        measure("torch tinygemm (bf16), new x", lambda: tinygemm_mm(torch.empty_like(xb), wp, G, sz))
+    except Exception as e:  # noqa: BLE001
+        rows["torch tinygemm (error)"] = repr(e)[:200]
+        print("tinygemm unavailable:", e)
+    W16 = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
+    measure("F.linear fp16, same x", lambda: torch.nn.functional.linear(x2, W16))
+
+    if args.no_write:
+        return
+    date = datetime.date.today().isoformat()
+    device = torch.cuda.get_device_name()
+    doc = {"device": device, "date": date, "N": N, "K": K, "group": G, "calls": n, "us_per_call": rows,
+           "torch": torch.__version__, "int4jit": int4jit.__version__}
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / f"eager-{date}.json").write_text(json.dumps(doc, indent=1))
+    lines = [f"{device}, {date}, {N}×{K} g{G}: host wall time per call, {n} calls then a synchronize, "
+             f"median of 5 (`python3 bench/eager.py`)", "", "| call | µs |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows.items()]
+    write_section("Eager per call", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

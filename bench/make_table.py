@@ -3,6 +3,13 @@ with int4jit's own tuner, and write every candidate's time to bench/results/ so 
 heuristic can be scored against the winners (bench/score_heuristic.py).
 
     python3 bench/make_table.py [--out-dir DIR]      # needs a GPU; merges into table.json
+
+TODO(api): this script still reaches into int4jit internals (tuner.autotune(shape, dev,
+exhaustive=True) and its record's .candidates/.BS/.TN/.us, tuner.TABLE_PATH, backends.device(),
+shapes.GemvShape.key()). It needs a public tuning API that returns, per shape, the winning
+spec (config + variant record) and every candidate's time, and a public way to write a
+table.json row -- e.g. `int4jit tune N K --exhaustive --json` and `int4jit table merge FILE`.
+Switch to those once the planner refactor (issue 17) lands; until then keep it working as is.
 """
 import argparse
 import json

@@ -1,6 +1,14 @@
 """Score the heuristic against measured winners (bench/results/tuning-*.json from
 bench/make_table.py): how often its pick is the winner, or within 5% of it, on the
-default 9-point grid and the exhaustive 20-point grid. Runs on the CPU."""
+default 9-point grid and the exhaustive 20-point grid. Runs on the CPU.
+
+    python3 bench/score_heuristic.py [bench/results/tuning-sm_90.json ...]
+
+TODO(api): uses int4jit internals (tuner.heuristic(shape, arch, exhaustive=...),
+shapes.candidate_grid). It needs a public "what would the no-GPU pick be for this shape on
+this arch" call (e.g. `int4jit warm --compile-only --arch sm_90 --dry-run --json` printing
+the pick per shape, or a documented int4jit.plan(...)) and the candidate list of each grid,
+variants included. Switch once the planner refactor (issue 17) lands."""
 import json
 import sys
 from pathlib import Path
