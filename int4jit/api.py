@@ -1,4 +1,4 @@
-"""int4jit.gemv: validate -> select (BS, TN) -> compile/cache -> launch."""
+"""int4jit.gemv: validate -> plan (one KernelSpec) -> build/cache -> load -> launch."""
 from __future__ import annotations
 
 import os
@@ -12,15 +12,14 @@ from . import backends
 from .arrays import describe
 from .backends._args import PackedArgs
 from .env import ALIASES
-from .launch import load_kernel
-from .shapes import LaunchConfig
-from .trace import trace
-from .tuner import Selection, select_config
-from .validate import validate
+from .launch import Kernel, load
+from .plan import plan, read_env
+from .shapes import GemvShape
+from .validate import validate, validate_x
 
-_ENV_KEYS = (ALIASES["INT4JIT_CONFIG"] + ALIASES["INT4JIT_EXHAUSTIVE_TUNE"] + ALIASES["INT4JIT_TUNE"]
-             + ALIASES["INT4JIT_KERNEL"] + ALIASES["INT4JIT_PDL"])
-_kernels: dict[tuple, object] = {}
+_ENV_KEYS = tuple(v for name in ("INT4JIT_CONFIG", "INT4JIT_EXHAUSTIVE_TUNE", "INT4JIT_TUNE", "INT4JIT_KERNEL",
+                                 "INT4JIT_PDL") for v in ALIASES[name])
+_kernels: dict[tuple, Kernel] = {}
 _kernels_lock = threading.Lock()
 _local = threading.local()  # per-thread prepared calls: their argument buffers are mutated
 _NO_CALLS: dict = {}        # a thread's calls before it has prepared any
@@ -28,7 +27,7 @@ _MAX_PREPARED = 4096
 
 
 def _env_reader():
-    """A function returning the selection-relevant variables, read on every call so later
+    """A function returning the plan-relevant variables' raw values, read on every call so later
     changes take effect. os.environ keeps its encoded items in _data; a dict lookup there costs
     0.1 us where os.environ.get costs 1.5 us, which matters on the per-call path."""
     data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
@@ -41,6 +40,21 @@ def _env_reader():
 _env_state = _env_reader()
 
 
+def kernel_for(dev, shape: GemvShape, config, stream: int) -> Kernel:
+    """The loaded kernel for this call. Planned once per (device, shape, config, environment
+    state): changing INT4JIT_CONFIG later in the process takes effect."""
+    key = (dev, shape, config if config is None or isinstance(config, str) else tuple(config), _env_state())
+    k = _kernels.get(key)
+    if k is None:
+        # Benchmarking while the stream records a graph would launch into it: cheap tiers only.
+        p = plan(shape, dev.arch, dev, env=read_env(), config=config, tune=not dev.is_capturing(stream))
+        k = load(dev, p.spec)
+        if p.tier != "heuristic" or not dev.is_capturing(stream):
+            with _kernels_lock:
+                _kernels[key] = k
+    return k
+
+
 class _Prepared:
     """A validated torch call, replayed while the same tensor objects come back: their data
     pointers are re-read on every call (a tensor given new storage is followed), nothing else
@@ -49,13 +63,13 @@ class _Prepared:
     __slots__ = ("refs", "env", "launch", "args", "values", "device_index", "stream_of")
 
     def __init__(self, tensors, env, kernel, device_index):
-        self.env = env  # the variables the kernel was selected under
+        self.env = env  # the variables the kernel was planned under
         self.refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
         self.launch = kernel.launch_packed
         self.args = PackedArgs([0] * 5)
         self.values = self.args.values
         self.device_index = device_index
-        self.stream_of = _torch_stream_getter()
+        self.stream_of = torch_stream_getter()
 
 
 def _prepared_calls() -> dict:
@@ -65,20 +79,16 @@ def _prepared_calls() -> dict:
     return calls
 
 
-def _torch_stream_getter():
+def torch_stream_getter():
     """index -> the current torch stream's raw handle (the private call is ~2 us cheaper)."""
     torch = sys.modules["torch"]
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw if raw is not None else (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
-def _torch_stream(index: int) -> int:
-    return _torch_stream_getter()(index)
-
-
 def _replay(key, env, x, w, scales, zeros, out, stream) -> bool:
     """Launch a prepared call again if these are its tensors and the environment it was
-    selected under; False if there is none."""
+    planned under; False if there is none."""
     p = getattr(_local, "calls", _NO_CALLS).get(key)
     if p is None or p.env != env:
         return False
@@ -94,52 +104,19 @@ def _replay(key, env, x, w, scales, zeros, out, stream) -> bool:
     v[1] = w.data_ptr()
     v[2] = scales.data_ptr()
     v[4] = out.data_ptr()
-    p.launch(p.args, p.stream_of(p.device_index) if stream is None else _stream_handle(stream, None))
+    p.launch(p.args, p.stream_of(p.device_index) if stream is None else stream_handle(stream, None))
     return True
 
 
-def _config_arg(config) -> LaunchConfig:
-    if isinstance(config, LaunchConfig):
-        return config
-    try:
-        bs, tn = config
-        return LaunchConfig(int(bs), int(tn))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"config must be (BS, TN) inside the grid; got {config!r}: {e}") from None
-
-
-def _select(dev, shape, stream: int) -> Selection:
-    if dev.is_capturing(stream):
-        # Benchmarking would launch into the graph being captured: take the cheap tiers only.
-        sel = select_config(shape, dev.arch, None)
-        if sel.tier == "heuristic":
-            trace("stream is capturing a graph: not tuning %s, heuristic %s", shape.key(), sel.config)
-        return sel
-    return select_config(shape, dev.arch, dev)
-
-
-def _kernel_for(dev, shape, cfg, stream: int):
-    """The loaded kernel for this call; the selection is memoised per environment state,
-    so changing INT4JIT_CONFIG later in the process takes effect."""
-    key = (dev, shape, cfg, _env_state())
-    k = _kernels.get(key)
-    if k is None:
-        chosen = cfg if cfg is not None else _select(dev, shape, stream).config
-        k = load_kernel(dev, shape, chosen)
-        with _kernels_lock:
-            _kernels[key] = k
-    return k
-
-
-def _stream_handle(stream, xi) -> int:
+def stream_handle(stream, xi) -> int:
     """The caller's stream as a raw handle; by default the framework's current stream."""
     if stream is None:
         if xi.framework == "torch":
-            return _torch_stream(xi.device[1])
+            return torch_stream_getter()(xi.device[1])
         if xi.framework == "cupy":
             return sys.modules["cupy"].cuda.get_current_stream().ptr
         return 0
-    if isinstance(stream, int):
+    if isinstance(stream, int) and not isinstance(stream, bool):
         return stream
     for attr in ("cuda_stream", "ptr", "handle"):
         h = getattr(stream, attr, None)
@@ -160,10 +137,27 @@ def _new_output(xi, out_shape):
                     f"shape {out_shape}), int4jit allocates outputs only for torch and cupy")
 
 
-def _gemv_host(shape, infos, out_shape, cfg, stream):
+def _permuted(x, perm, K: int):
+    """x[..., perm] for act-order weights (stored group-contiguous), in x's own framework."""
+    xi = describe("x", x)
+    pi = describe("perm", perm)
+    if pi.dtype not in ("int32", "int64") or tuple(pi.shape) != (K,):
+        raise ValueError(f"perm must be int32 of shape ({K},) (a permutation of 0..K-1); got {pi.dtype} {pi.shape}")
+    if pi.on_device != xi.on_device:
+        raise TypeError("perm must live where x does (both numpy, or both on the GPU)")
+    if xi.framework == "numpy":
+        return np.ascontiguousarray(x[..., np.asarray(perm)])
+    if xi.framework == "torch":
+        return x.index_select(-1, perm.long() if perm.dtype != sys.modules["torch"].int64 else perm).contiguous()
+    if xi.framework == "cupy":
+        return sys.modules["cupy"].ascontiguousarray(x[..., perm])
+    raise TypeError(f"perm= needs x as numpy, torch or cupy; got a {xi.framework} array")
+
+
+def _gemv_host(shape, infos, out_shape, config, stream):
     """numpy in, numpy out: copies to the device and back (convenient, not fast)."""
     dev = backends.device(0)
-    s = _stream_handle(stream, infos[0])
+    s = stream_handle(stream, infos[0])
     arrays = [i.obj if i is not None else None for i in infos[:4]]
     ptrs = []
     try:
@@ -176,8 +170,7 @@ def _gemv_host(shape, infos, out_shape, cfg, stream):
             dev.copy_htod(p, a, s)
         y_ptr = dev.alloc(2 * shape.N)
         ptrs.append(y_ptr)
-        kernel = _kernel_for(dev, shape, cfg, s)
-        kernel(*ptrs[:5], s)
+        kernel_for(dev, shape, config, s)(*ptrs[:5], s)
         out = infos[4].obj if infos[4] is not None else np.empty(out_shape, dtype=np.float16)
         dev.copy_dtoh(out, y_ptr, s)
         dev.synchronize(s)
@@ -189,30 +182,32 @@ def _gemv_host(shape, infos, out_shape, cfg, stream):
                 dev.free(p)
 
 
-def gemv(x, w, scales, zeros=None, *, out=None, stream=None, config=None):
+def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=None):
     """y = dequantize(w, scales, zeros) @ x for one token (M=1), fp32 accumulation, fp16 out.
 
     x: float16 [K] or [1, K]. w: uint8 [N, K/2], low nibble = even k. scales: float16
     [N, K/g], g in {16, 32, 64, 128, 256}. zeros: uint8 [N, K/g] zero points 0..15, or None
-    (symmetric, zero point 8). out: float16 [N] / [1, N] to write into.
+    (symmetric, zero point 8). perm: int32 [K] for act-order weights (y = W @ x[perm]).
+    out: float16 [N] / [1, N] to write into.
     Arrays are all numpy (copied to the GPU and back) or all device arrays on one GPU
     (torch, cupy, DLPack, __cuda_array_interface__; zero-copy, launched on `stream`,
     default the framework's current stream). Returns an array of the kind of x.
-    config=(BS, TN) forces the launch geometry.
+    config=(BS, TN) or 'BS,TN[,field=value...]' forces the launch geometry and variant.
     """
-    cfg = None if config is None else _config_arg(config)
+    if perm is not None:
+        x = _permuted(x, perm, describe("w", w).shape[-1] * 2)
     fast_key = None
     if out is not None and type(x).__module__ == "torch":
-        fast_key, env = (id(x), id(w), id(scales), id(zeros), id(out), cfg), _env_state()
+        fast_key, env = (id(x), id(w), id(scales), id(zeros), id(out), config if isinstance(config, (str, type(None))) else tuple(config)), _env_state()
         if _replay(fast_key, env, x, w, scales, zeros, out, stream):
             return out
     shape, infos, out_shape = validate(x, w, scales, zeros, out)
     xi = infos[0]
     if not xi.on_device:
-        return _gemv_host(shape, infos, out_shape, cfg, stream)
+        return _gemv_host(shape, infos, out_shape, config, stream)
     dev = backends.device(xi.device[1])
-    s = _stream_handle(stream, xi)
-    kernel = _kernel_for(dev, shape, cfg, s)
+    s = stream_handle(stream, xi)
+    kernel = kernel_for(dev, shape, config, s)
     if out is None:
         out = _new_output(xi, out_shape)
         oi = describe("out", out)
@@ -229,4 +224,64 @@ def gemv(x, w, scales, zeros=None, *, out=None, stream=None, config=None):
     return out
 
 
-__all__ = ["gemv"]
+class GemvWeights:
+    """One layer's weights, validated once, for calls whose activations are new every time (as a
+    model makes them): a call re-checks only what a new x can change (shape, dtype, device,
+    contiguity) and launches with the layer's kernel and packed arguments.
+
+    w, scales, zeros: torch CUDA tensors in the canonical layout (see gemv). perm: act-order
+    permutation or None."""
+
+    def __init__(self, w, scales, zeros=None, perm=None):
+        import torch  # GemvWeights is the torch fast path; `import int4jit` does not import torch
+        self._torch = torch
+        probe = torch.empty(2 * w.shape[1], dtype=torch.float16, device=w.device)
+        self.shape, infos, _ = validate(probe, w, scales, zeros, None)
+        if not infos[1].on_device:
+            raise TypeError("GemvWeights holds device tensors; for numpy arrays call int4jit.gemv")
+        if zeros is not None and int(zeros.max()) > 15:
+            raise ValueError(f"zeros must hold zero points 0..15; got a maximum of {int(zeros.max())}")
+        self.w, self.scales, self.zeros, self.perm = w, scales, zeros, perm
+        self.device_index = infos[1].device[1]
+        self.device = backends.device(self.device_index)
+        self.N, self.K = self.shape.N, self.shape.K
+        self._stream_of = torch_stream_getter()
+        self._args = PackedArgs([0, infos[1].ptr, infos[2].ptr, 0 if zeros is None else infos[3].ptr, 0])
+        self._values = self._args.values
+        self._launch = None
+        self._env = None
+        self._lock = threading.Lock()
+
+    def _kernel(self, stream: int):
+        env = _env_state()
+        if self._launch is None or env != self._env:
+            k = kernel_for(self.device, self.shape, None, stream)
+            self._launch, self._env = k.launch_packed, env
+        return self._launch
+
+    def __call__(self, x, out=None):
+        """y [N] (or [1, N]) for x [K] (or [1, K]) float16 on the weights' device, on torch's
+        current stream. A new x and out every call are fine."""
+        torch = self._torch
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
+        if x.dtype != torch.float16 or not x.is_cuda or x.device.index != self.device_index \
+                or x.shape[-1] != self.K or x.numel() != self.K or not x.is_contiguous():
+            validate_x(x, self.K, self.device_index)
+        if out is None:
+            out = torch.empty(x.shape[:-1] + (self.N,), dtype=torch.float16, device=x.device)
+        elif out.dtype != torch.float16 or out.numel() != self.N or not out.is_contiguous() \
+                or out.device != x.device:
+            raise ValueError(f"out must be a contiguous float16 tensor of {self.N} elements on {x.device}; "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        stream = self._stream_of(self.device_index)
+        launch = self._kernel(stream)
+        with self._lock:  # the argument buffer is shared by the layer's callers
+            v = self._values
+            v[0] = x.data_ptr()
+            v[4] = out.data_ptr()
+            launch(self._args, stream)
+        return out
+
+
+__all__ = ["gemv", "GemvWeights"]

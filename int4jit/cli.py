@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from . import backends, cache, compiler, tuner
+from . import backends, cache, compiler, plan, tuner
 from ._version import __version__
 from .errors import BackendUnavailable, CompileError, Int4JitError
 from .reference import dequantize, random_problem, reference_gemv
@@ -80,15 +80,15 @@ def cmd_run(args) -> int:
         for N, K in shapes:
             shape = GemvShape(N, K, args.group, args.symmetric)
             for arch in args.arch or DEFAULT_TARGETS:
-                sel = tuner.select_config(shape, arch)
+                p = plan.plan(shape, arch)
                 t0 = time.perf_counter()
                 try:
-                    ck = compiler.compile_gemv(shape, sel.config, arch)
+                    ck = compiler.build(p.spec)
                 except Int4JitError as e:  # e.g. no hiprtc here: report it, keep the other targets
                     failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
-                    rows.append((f"{N}x{K}", arch, str(sel.config), "FAILED", "-", "-"))
+                    rows.append((f"{N}x{K}", arch, p.spec.label(), "FAILED", "-", "-"))
                     continue
-                rows.append((f"{N}x{K}", arch, str(sel.config), sel.tier, f"{len(ck.binary)}",
+                rows.append((f"{N}x{K}", arch, p.spec.label(), p.tier, f"{len(ck.binary)}",
                              f"{1e3 * (time.perf_counter() - t0):.0f}"))
             x, w, s, z = random_problem(GemvShape(min(N, 256), K, args.group, args.symmetric), rng)
             err = _rel_err(dequantize(w, s, z).astype(np.float64) @ x.astype(np.float64), reference_gemv(x, w, s, z))
@@ -105,20 +105,21 @@ def cmd_run(args) -> int:
     for N, K in shapes:
         shape = GemvShape(N, K, args.group, args.symmetric)
         t0 = time.perf_counter()
-        sel = tuner.select_config(shape, dev.arch, dev)
+        p = plan.plan(shape, dev.arch, dev)
         setup = time.perf_counter() - t0
         x, w, s, z = random_problem(shape, rng)
-        err = _rel_err(gemv(x, w, s, z, config=(sel.config.BS, sel.config.TN)), reference_gemv(x, w, s, z))
+        err = _rel_err(gemv(x, w, s, z, config=p.spec.label()), reference_gemv(x, w, s, z))
         ok &= err <= 2e-3
-        from .launch import load_kernel
-        bufs = tuner.BenchBuffers(dev, shape)
+        from .benchmark import BenchBuffers, time_kernel
+        from .launch import load
+        bufs = BenchBuffers(dev, shape)
         stream = dev.create_stream()
         try:
-            us = tuner.time_kernel(load_kernel(dev, shape, sel.config), bufs, stream, repeats=15)
+            us = time_kernel(load(dev, p.spec), bufs, stream, repeats=15)
         finally:
             dev.destroy_stream(stream)
             bufs.free()
-        rows.append((f"{N}x{K}", str(sel.config), sel.tier, f"{setup:.2f}", f"{us:.2f}",
+        rows.append((f"{N}x{K}", p.spec.label(), p.tier, f"{setup:.2f}", f"{us:.2f}",
                      f"{shape.weight_bytes / us / 1e3:.0f}", f"{err:.1e}"))
     _print_table(["shape", "BS,TN", "tier", "select s", "us", "GB/s", "rel err"], rows)
     return 0 if ok else 1
@@ -165,18 +166,24 @@ def cmd_warm(args) -> int:
         for arch in archs:
             t0 = time.perf_counter()
             try:
-                sel = tuner.select_config(shape, arch, device, exhaustive=args.exhaustive or None)
-                ck = compiler.compile_gemv(shape, sel.config, arch)
+                p = plan.plan(shape, arch, device, exhaustive=args.exhaustive or None)
+                ck = compiler.build(p.spec)
+                if args.compile_only:  # pre-warm what tier 4 would compile at run time, too
+                    space = [s for s in plan.search_space(shape, arch, exhaustive=args.exhaustive or None)
+                             if not compiler.is_cached(s)]
+                    for spec in _progress(space, f"{shape.key()} {arch} candidates"):
+                        compiler.build(spec)
             except Int4JitError as e:  # one target failing must not hide the others' results
                 failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
                 rows.append((f"{N}x{K}", f"g{args.group}", arch, "-", "FAILED", "-", f"{time.perf_counter() - t0:.2f}", "-"))
                 continue
             us = "-"
-            if sel.tier in ("tuned", "db"):
-                us = f"{tuner.TuningDB(arch).get(shape, compiler.template_hash()).us:.2f}"
-            elif sel.tier == "table":
-                us = f"{tuner.shipped_table()[arch][shape.key()]['us']:.2f}"
-            rows.append((f"{N}x{K}", f"g{args.group}", arch, str(sel.config), sel.tier, us,
+            if p.tier in ("tuned", "db"):
+                rec = tuner.TuningDB(p.spec.arch).get(tuner.db_key(shape, p.spec.kernel), {})
+                us = f"{rec.us:.2f}" if rec is not None else "-"
+            elif p.tier == "table":
+                us = f"{tuner.shipped_table()[arch][shape.key()].get('us', float('nan')):.2f}"
+            rows.append((f"{N}x{K}", f"g{args.group}", arch, p.spec.label(), p.tier, us,
                          f"{time.perf_counter() - t0:.2f}", ck.key[:12]))
     _print_table(["shape", "group", "arch", "BS,TN", "tier", "us", "s", "code object"], rows)
     for f in failures:
@@ -188,20 +195,21 @@ def cmd_warm(args) -> int:
 def cmd_tune(args) -> int:
     device = backends.device()
     shape = GemvShape(args.N, args.K, args.group, args.symmetric)
+    _, kernel, pdl = plan.target(shape, device.arch, device)
     t0 = time.perf_counter()
-    rec = tuner.autotune(shape, device, exhaustive=args.exhaustive)
+    rec, best = tuner.autotune(shape, kernel, device, exhaustive=args.exhaustive, pdl=pdl)
     wall = time.perf_counter() - t0
-    tuner.TuningDB(device.arch).put(shape, rec)
-    first = tuner.heuristic(shape, device.arch, device, args.exhaustive)
+    rec.context.update(tuner.db_context(kernel, device.arch, device))
+    tuner.TuningDB(device.arch).put(tuner.db_key(shape, kernel), rec)
+    first = tuner.heuristic(shape, device.arch, kernel, device, args.exhaustive)
     rows = []
-    for cfg in candidate_grid(args.exhaustive):
-        t = rec.candidates.get(str(cfg))
-        mark = ("winner " if cfg == rec.config else "") + ("heuristic" if cfg == first else "")
-        rows.append((str(cfg), "failed" if t is None else f"{t:.2f}",
+    for label, t in rec.candidates.items():
+        mark = ("winner " if label == best.label() else "") + ("heuristic" if label == str(first) else "")
+        rows.append((label, "failed" if t is None else f"{t:.2f}",
                      "" if t is None else f"{shape.weight_bytes / t / 1e3:.0f}", mark.strip()))
-    _print_table(["BS,TN", "us", "GB/s", ""], rows)
-    print(f"{shape.key()} on {device.name}: {rec.config} at {rec.us:.2f} us; tuned in {wall:.2f} s; stored in "
-          f"{tuner.TuningDB(device.arch).path}")
+    _print_table(["BS,TN[,variant]", "us", "GB/s", ""], rows)
+    print(f"{shape.key()} on {device.name} ({kernel} kernel): {best.label()} at {rec.us:.2f} us; "
+          f"{len(rec.candidates)} candidates measured in {wall:.2f} s; stored in {tuner.TuningDB(device.arch).path}")
     return 0
 
 

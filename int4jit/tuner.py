@@ -1,29 +1,27 @@
-"""Pick the launch geometry (BS, TN) for a shape, in four tiers:
-  1. INT4JIT_CONFIG / MIGRAPHX_INT4_GEMV_CONFIG override
+"""Pick the launch geometry (BS, TN) and the variant for a shape, in four tiers:
+  1. INT4JIT_CONFIG / MIGRAPHX_INT4_GEMV_CONFIG override ("BS,TN[,field=value...]", or per shape)
   2. this machine's tuning DB        3. the shipped table.json
-  4. autotune over the grid, heuristic pick first (INT4JIT_TUNE=0: the heuristic alone)
-ORT_MIGRAPHX_EXHAUSTIVE_TUNE=1 searches the 20-point grid even where tiers 2-3 have a row."""
+  4. autotune: the (BS, TN) grid at the default variant, heuristic pick first, then the variant
+     space at the winner (INT4JIT_TUNE=0: the heuristic alone)
+ORT_MIGRAPHX_EXHAUSTIVE_TUNE=1 searches the 20-point grid and more variants even where tiers 2-3
+have a row."""
 from __future__ import annotations
 
 import datetime
 import functools
 import json
 import math
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
-from . import compiler
+from ._version import __version__
 from .backends import module_for_arch
 from .cache import warn_write_failure
-from .env import env_flag, env_lookup
 from .errors import Int4JitError
-from .launch import load_kernel
-from .reference import random_problem
 from .shapes import GemvShape, LaunchConfig, candidate_grid
+from .spec import (KernelSpec, Variant, default_variant, make_spec, template_hash, variant_from,
+                   variant_space)
 from .trace import trace
 from .tuning_db import TuningDB, TuningRecord
 
@@ -31,50 +29,81 @@ TABLE_PATH = Path(__file__).parent / "table.json"
 
 
 # -- tier 1: the override ---------------------------------------------------------------
-def _parse_config(text: str, var: str, token: str) -> LaunchConfig:
-    parts = text.split(",")
+@dataclass(frozen=True)
+class Override:
+    """A forced (BS, TN) and variant fields (the rest of the variant stays the shape's default)."""
+    config: LaunchConfig
+    fields: tuple = ()       # ((name, value), ...)
+
+    def variant(self, base: Variant) -> Variant:
+        return replace(base, **dict(self.fields)) if self.fields else base
+
+
+_UINT = re.compile(r"^[0-9]+$")   # ASCII digits only: int() would take other scripts' digits
+_ENTRY = re.compile(r"^\s*(\*|[0-9]+\s*:\s*[0-9]+)\s*=(.*)$")
+_EXAMPLE = "'256,4', '128,4,streaming=1,kcluster=2' or '4096:4096=128,4;*=256,2'"
+
+
+def _uint(text: str, what: str, var: str, token: str) -> int:
+    text = text.strip()
+    if not _UINT.match(text):
+        raise ValueError(f"{var}: bad {what} {text[:40]!r} in {token[:60]!r}: expected a decimal integer; "
+                         f"e.g. {_EXAMPLE}")
+    return int(text)
+
+
+def parse_config_text(text: str, var: str = "config", token: str | None = None) -> Override:
+    """'BS,TN[,field=value,...]' -> Override; malformed text is a ValueError naming `var`."""
+    token = text if token is None else token
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) < 2 or "=" in parts[0] or "=" in parts[1]:
+        raise ValueError(f"{var}: bad entry {token[:60]!r}: expected 'BS,TN' optionally followed by "
+                         f"variant fields; e.g. {_EXAMPLE}")
+    bs, tn = _uint(parts[0], "BS", var, token), _uint(parts[1], "TN", var, token)
     try:
-        if len(parts) != 2:
-            raise ValueError("expected two numbers")
-        return LaunchConfig(int(parts[0]), int(parts[1]))
+        cfg = LaunchConfig(bs, tn)
     except ValueError as e:
-        raise ValueError(f"{var}: bad entry {token!r} ({e}); expected 'BS,TN' with BS in "
-                         f"32/64/128/256/512 and TN in 2/4/8/16, e.g. '256,4'") from None
+        raise ValueError(f"{var}: {e}") from None
+    values = {}
+    for p in parts[2:]:
+        name, sep, value = p.partition("=")
+        if not sep:
+            raise ValueError(f"{var}: bad variant field {p[:40]!r} in {token[:60]!r}: expected name=value")
+        values[name.strip()] = _uint(value, name.strip(), var, token)
+    return Override(cfg, _fields(values, var))
+
+
+def _fields(values: dict, where: str) -> tuple:
+    """Validated variant fields, typed as the Variant types them, as a hashable tuple."""
+    v = variant_from(values, where)
+    return tuple(sorted((k, getattr(v, k)) for k in values))
 
 
 def parse_override(value: str, var: str = "INT4JIT_CONFIG"):
-    """'BS,TN' -> LaunchConfig; 'N:K=BS,TN;...;*=BS,TN' -> {(N, K) or '*': LaunchConfig}."""
-    value = value.strip()
-    if "=" not in value:
-        return _parse_config(value, var, value)
+    """'BS,TN[,f=v]' -> Override; 'N:K=BS,TN[,f=v];...;*=BS,TN' -> {(N, K) or '*': Override}."""
+    tokens = [t.strip() for t in value.split(";") if t.strip()]
+    if not tokens:
+        raise ValueError(f"{var} is empty; expected e.g. {_EXAMPLE}")
+    if len(tokens) == 1 and not _ENTRY.match(tokens[0]):
+        return parse_config_text(tokens[0], var)
     table = {}
-    for token in value.split(";"):
-        token = token.strip()
-        if not token:
-            continue
-        lhs, sep, rhs = token.partition("=")
-        if not sep:
-            raise ValueError(f"{var}: bad entry {token!r}: expected 'N:K=BS,TN' or '*=BS,TN'")
-        lhs = lhs.strip()
-        if lhs == "*":
-            key = "*"
-        else:
-            n, colon, k = lhs.partition(":")
-            if not colon or not n.strip().isdigit() or not k.strip().isdigit():
-                raise ValueError(f"{var}: bad shape {lhs!r} in {token!r}: expected 'N:K' (two integers) or '*'")
-            key = (int(n), int(k))
-        table[key] = _parse_config(rhs.strip(), var, token)
+    for token in tokens:
+        m = _ENTRY.match(token)
+        if not m:
+            raise ValueError(f"{var}: bad entry {token[:60]!r}: expected 'N:K=BS,TN' or '*=BS,TN'")
+        lhs = m.group(1).replace(" ", "")
+        key = "*" if lhs == "*" else tuple(int(v) for v in lhs.split(":"))
+        table[key] = parse_config_text(m.group(2), var, token)
     return table
 
 
-def override_for(shape: GemvShape):
-    """(config, reason) from the override variable, or None when it does not decide."""
-    found = env_lookup("INT4JIT_CONFIG")
+def override_for(shape: GemvShape, found: tuple[str, str] | None):
+    """(Override, reason) from the override variable (var, value), or None when it does not decide."""
     if found is None or not found[1].strip():
         return None
     var, value = found
     parsed = parse_override(value, var)
-    if isinstance(parsed, LaunchConfig):
+    if isinstance(parsed, Override):
         return parsed, f"{var} (global)"
     hit = parsed.get((shape.N, shape.K))
     if hit is not None:
@@ -90,9 +119,12 @@ def shipped_table(path: Path = TABLE_PATH) -> dict:
     return json.loads(path.read_text())
 
 
-def table_entry(shape: GemvShape, arch: str):
+def table_entry(shape: GemvShape, arch: str) -> Override | None:
+    """The shipped row (measured under the default kernel choice) for (arch, shape)."""
     row = shipped_table().get(arch, {}).get(shape.key())
-    return None if row is None else LaunchConfig(*row["config"])
+    if row is None:
+        return None
+    return Override(LaunchConfig(*row["config"]), _fields(row.get("variant") or {}, "table.json"))
 
 
 # -- the heuristic ----------------------------------------------------------------------
@@ -104,10 +136,8 @@ class DeviceModel:
     regs_per_sm: int
     warp: int
     max_blocks_per_sm: int = 32
-    # Weight bytes a multiprocessor wants in flight before bandwidth stops growing.
-    # Little's law with the unloaded latency gives ~36 KB on an H200; fitted to the
-    # measured sm_90 suite (bench/results/tuning-sm_90-*.json) the knee sits near 320 KB,
-    # loaded HBM latency being far above the unloaded one.
+    # Weight bytes a multiprocessor wants in flight before bandwidth stops growing: fitted to the
+    # measured sm_90 suite (~320 KB; loaded HBM latency is far above the unloaded one).
     inflight_bytes: int = 320 << 10
     # Per-row fixed cost (reduction, store, row setup) in weight-byte equivalents, fitted alike.
     row_cost_bytes: int = 256
@@ -126,185 +156,152 @@ def device_model(arch: str, device=None) -> DeviceModel:
     return DeviceModel(sms, threads, 65536, warp)
 
 
-def estimate_efficiency(shape: GemvShape, cfg: LaunchConfig, model: DeviceModel, arch: str) -> float:
-    """Modelled fraction of peak bandwidth a config reaches: idle K lanes, padded rows,
-    the last partial wave, bytes in flight per SM, and per-thread fixed cost."""
-    geo = compiler.kernel_geometry(shape, cfg, arch)
-    row_eff = shape.N / (geo.grid * geo.rows_per_block)
-    per_sm = max(1, min(model.max_threads_per_sm // cfg.BS, model.max_blocks_per_sm,
-                        model.regs_per_sm // (max(geo.regs, 32) * cfg.BS)))
-    resident = min(per_sm, math.ceil(geo.grid / model.sm_count))
-    waves = geo.grid / (per_sm * model.sm_count)
+def estimate_efficiency(spec: KernelSpec, model: DeviceModel) -> float:
+    """Modelled fraction of peak bandwidth a spec reaches: idle K lanes, padded rows, the last
+    partial wave, bytes in flight per SM, and per-thread fixed cost."""
+    shape, bs = spec.shape, spec.config.BS
+    row_eff = shape.N / (spec.grid * spec.rows_per_block) * max(1, spec.variant.kcluster)
+    per_sm = max(1, min(model.max_threads_per_sm // bs, model.max_blocks_per_sm,
+                        model.regs_per_sm // (max(spec.regs, 32) * bs)))
+    resident = min(per_sm, math.ceil(spec.grid / model.sm_count))
+    waves = spec.grid / (per_sm * model.sm_count)
     wave_eff = waves / math.ceil(waves)
-    inflight = resident * cfg.BS * geo.k_efficiency * geo.inflight_bytes
+    inflight = resident * bs * spec.k_efficiency * spec.inflight_bytes
     mem_eff = min(1.0, inflight / model.inflight_bytes)
-    fixed = model.row_cost_bytes * geo.rows_per_thread
-    return geo.k_efficiency * row_eff * wave_eff * mem_eff * geo.thread_bytes / (geo.thread_bytes + fixed)
+    fixed = model.row_cost_bytes * spec.config.TN
+    return spec.k_efficiency * row_eff * wave_eff * mem_eff * spec.thread_bytes / (spec.thread_bytes + fixed)
 
 
-def heuristic(shape: GemvShape, arch: str, device=None, exhaustive: bool = False) -> LaunchConfig:
-    """The modelled best config of the grid that will be searched."""
+def heuristic(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive: bool = False) -> LaunchConfig:
+    """The modelled best (BS, TN) of the grid that will be searched, at the default variant."""
     model = device_model(arch, device)
-    grid = candidate_grid(exhaustive)
-    return max(grid, key=lambda c: (round(estimate_efficiency(shape, c, model, arch), 3), -c.TN, c.BS))
+
+    def score(c: LaunchConfig):
+        spec = make_spec(shape, arch, kernel, c, sm_count=model.sm_count)
+        return round(estimate_efficiency(spec, model), 3), -c.TN, c.BS
+    return max(candidate_grid(exhaustive), key=score)
 
 
 # -- selection --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Selection:
     config: LaunchConfig
+    variant: Variant
     tier: str      # override | db | table | tuned | heuristic
     reason: str
 
 
-def exhaustive_enabled(exhaustive: bool | None = None) -> bool:
-    return env_flag("INT4JIT_EXHAUSTIVE_TUNE") if exhaustive is None else exhaustive
+def db_key(shape: GemvShape, kernel: str) -> str:
+    """What a tuning record answers: one problem on one kernel (the DB file is per arch)."""
+    return f"{shape.key()}/{kernel}"
 
 
-def select_config(shape: GemvShape, arch: str, device=None, exhaustive: bool | None = None,
-                  tune: bool | None = None) -> Selection:
-    """Walk the four tiers. Without a device (compile-only), tier 4 is the heuristic."""
-    sel = _select(shape, arch, device, exhaustive, tune)
-    trace("%s on %s: %s from tier %s (%s)", shape.key(), arch, sel.config, sel.tier, sel.reason)
+def db_context(kernel: str, arch: str, device=None) -> dict[str, str]:
+    """Everything that changes the answer besides the key; a record that differs is stale."""
+    ctx = {"template": template_hash(kernel), "compiler": module_for_arch(arch).compiler_version(),
+           "int4jit": __version__}
+    if device is not None:
+        ctx["device"] = device.name
+    return ctx
+
+
+def select(shape: GemvShape, arch: str, kernel: str, *, device=None, override=None, exhaustive=False,
+           tune=True, table=True, pdl=False) -> Selection:
+    """Walk the four tiers. Without a device (compile-only, or a stream being captured) tier 4
+    is the heuristic. `override` is (var, value) of the override variable, or an Override."""
+    sel = _select(shape, arch, kernel, device, override, exhaustive, tune, table, pdl)
+    trace("%s on %s (%s kernel): %s%s from tier %s (%s)", shape.key(), arch, kernel, sel.config,
+          "," + sel.variant.text() if kernel == "tc" and sel.variant.text() else "", sel.tier, sel.reason)
     return sel
 
 
-def _select(shape, arch, device, exhaustive, tune) -> Selection:
-    hit = override_for(shape)
+def _chosen(shape, kernel, ov: Override, tier, reason) -> Selection:
+    return Selection(ov.config, ov.variant(default_variant(shape, kernel, ov.config)), tier, reason)
+
+
+def _select(shape, arch, kernel, device, override, exhaustive, tune, table, pdl) -> Selection:
+    if isinstance(override, Override):
+        return _chosen(shape, kernel, override, "override", "config= argument")
+    hit = override_for(shape, override)
     if hit is not None:
-        return Selection(hit[0], "override", hit[1])
-    exhaustive = exhaustive_enabled(exhaustive)
-    template = compiler.template_hash()
+        return _chosen(shape, kernel, hit[0], "override", hit[1])
     db = TuningDB(arch)
-    rec = db.get(shape, template)
+    key, context = db_key(shape, kernel), db_context(kernel, arch, device)
+    rec = db.get(key, context)
     if rec is not None and (not exhaustive or rec.exhaustive):
-        return Selection(rec.config, "db", f"tuned here {rec.date}, {rec.us:.2f} us")
-    if not exhaustive:
-        cfg = table_entry(shape, arch)
-        if cfg is not None:
-            return Selection(cfg, "table", f"shipped table.json row for {arch}")
-    tune = env_flag("INT4JIT_TUNE", True) if tune is None else tune
+        cfg = {k: v for k, v in rec.config.items() if k not in ("BS", "TN")}
+        return Selection(LaunchConfig(rec.config["BS"], rec.config["TN"]), variant_from(cfg, str(db.path)),
+                         "db", f"tuned here {rec.date}, {rec.us:.2f} us")
+    if not exhaustive and table:
+        row = table_entry(shape, arch)
+        if row is not None:
+            return _chosen(shape, kernel, row, "table", f"shipped table.json row for {arch}")
     if device is None or not tune:
         why = "INT4JIT_TUNE=0" if device is not None else "no device to benchmark on"
-        return Selection(heuristic(shape, arch, device, exhaustive), "heuristic", why)
-    rec = autotune(shape, device, exhaustive=exhaustive)
+        cfg = heuristic(shape, arch, kernel, device, exhaustive)
+        return Selection(cfg, default_variant(shape, kernel, cfg), "heuristic", why)
+    rec, winner = autotune(shape, kernel, device, exhaustive=exhaustive, pdl=pdl)
+    rec.context.update(context)
     try:
-        db.put(shape, rec)
+        db.put(key, rec)
     except (OSError, TimeoutError) as e:  # filelock's Timeout is a TimeoutError
         warn_write_failure(db.path, e)
-    return Selection(rec.config, "tuned", f"benchmarked {len(rec.candidates)} candidates, {rec.us:.2f} us")
+    return Selection(winner.config, winner.variant, "tuned",
+                     f"benchmarked {len(rec.candidates)} candidates, {rec.us:.2f} us")
 
 
-# -- tier 4: benchmarking ---------------------------------------------------------------
-def _compile_all(shape, configs, arch):
-    """Compile candidates in parallel; a failure is traced and drops that candidate."""
-    def one(cfg):
-        try:
-            return cfg, compiler.compile_gemv(shape, cfg, arch)
-        except Int4JitError as e:
-            trace("candidate %s for %s failed to compile: %s", cfg, shape.key(), str(e).splitlines()[0])
-            return cfg, None
-    with ThreadPoolExecutor(max_workers=min(8, len(configs))) as pool:
-        return dict(pool.map(one, configs))
-
-
-class BenchBuffers:
-    """Random weights in enough rotating copies that L2 cannot hold them, on one device."""
-
-    def __init__(self, device, shape: GemvShape, l2_multiple: float = 3.0, max_copies: int = 64,
-                 seed: int | None = None):
-        self.device = device
-        # Random canonical bytes, not quantised weights: the kernel's time does not depend on
-        # how the bytes were made, and quantising a 128256x4096 matrix alone takes seconds.
-        x, w, s, z = random_problem(shape, np.random.default_rng(seed))
-        self.host = (x, w, s, z)
-        per_copy = w.nbytes + s.nbytes + (0 if z is None else z.nbytes)
-        self.copies = int(min(max_copies, max(2, math.ceil(l2_multiple * device.l2_bytes / per_copy))))
-        self._ptrs = []
-        self.x = self._upload(x)
-        self.y = device.alloc(2 * shape.N)
-        self._ptrs.append(self.y)
-        first = (self._upload(w), self._upload(s), 0 if z is None else self._upload(z))
-        self.sets = [first]
-        for _ in range(self.copies - 1):
-            self.sets.append((self._clone(first[0], w.nbytes), self._clone(first[1], s.nbytes),
-                              0 if z is None else self._clone(first[2], z.nbytes)))
-        device.synchronize()
-
-    def _upload(self, a):
-        p = self.device.alloc(a.nbytes)
-        self._ptrs.append(p)
-        self.device.copy_htod(p, a)
-        return p
-
-    def _clone(self, src, nbytes):
-        p = self.device.alloc(nbytes)
-        self._ptrs.append(p)
-        self.device.copy_dtod(p, src, nbytes)
-        return p
-
-    def free(self):
-        self.device.synchronize()
-        for p in self._ptrs:
-            self.device.free(p)
-        self._ptrs.clear()
-
-
-def time_kernel(kernel, bufs: BenchBuffers, stream: int, repeats: int = 7) -> float:
-    """µs per call: graph replay of one launch per weight copy, median of `repeats`."""
-    dev = bufs.device
-
-    def run_all():
-        for wp, sp, zp in bufs.sets:
-            kernel(bufs.x, wp, sp, zp, bufs.y, stream)
-
-    run_all()  # warm-up: module load, first-touch
-    dev.synchronize(stream)
-    graph = dev.capture_graph(run_all, stream)
-    try:
-        dev.replay(graph, stream)
-        return 1e3 * dev.time_ms(lambda: dev.replay(graph, stream), repeats, stream) / len(bufs.sets)
-    finally:
-        dev.destroy_graph(graph)
-
-
-def benchmark(shape: GemvShape, device, configs, repeats: int = 7) -> dict:
-    """{config: µs or None (failed)} for every config, compiled in parallel."""
-    t0 = time.perf_counter()
-    compiled = _compile_all(shape, configs, device.arch)
-    t_compile = time.perf_counter() - t0
-    bufs = BenchBuffers(device, shape)
-    stream = device.create_stream()
-    times = {}
-    try:
-        for cfg in configs:
-            if compiled.get(cfg) is None:
-                times[cfg] = None
-                continue
-            try:
-                times[cfg] = time_kernel(load_kernel(device, shape, cfg), bufs, stream, repeats)
-            except (Int4JitError, ValueError) as e:
-                trace("candidate %s for %s failed to run: %s", cfg, shape.key(), e)
-                times[cfg] = None
-    finally:
-        device.synchronize(stream)
-        device.destroy_stream(stream)
-        bufs.free()
-    trace("tuned %s over %d candidates: compile %.2f s, benchmark %.2f s (%d weight copies)",
-          shape.key(), len(configs), t_compile, time.perf_counter() - t0 - t_compile, bufs.copies)
-    return times
-
-
-def autotune(shape: GemvShape, device, exhaustive: bool = False) -> TuningRecord:
-    """Benchmark the grid (heuristic pick first) and return the winner's record."""
-    first = heuristic(shape, device.arch, device, exhaustive)
+# -- tier 4: the search -----------------------------------------------------------------
+def grid_specs(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive=False, pdl=False) -> list[KernelSpec]:
+    """Stage 1 of the search: every (BS, TN) of the grid at its default variant, heuristic first."""
+    sms = device.sm_count if device is not None else None
+    first = heuristic(shape, arch, kernel, device, exhaustive)
     configs = [first] + [c for c in candidate_grid(exhaustive) if c != first]
-    times = benchmark(shape, device, configs)
-    ok = {c: t for c, t in times.items() if t is not None}
+    return [make_spec(shape, arch, kernel, c, pdl=pdl, sm_count=sms) for c in configs]
+
+
+def variant_specs(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, device=None,
+                  exhaustive=False, pdl=False) -> list[KernelSpec]:
+    """Stage 2: the variant space at one (BS, TN), the default first."""
+    sms = device.sm_count if device is not None else None
+    specs = []
+    for v in variant_space(shape, kernel, config, arch, exhaustive):
+        s = make_spec(shape, arch, kernel, config, v, pdl=pdl, sm_count=sms)
+        if s not in specs:
+            specs.append(s)
+    return specs
+
+
+def search_space(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive=False, pdl=False) -> list[KernelSpec]:
+    """Every spec the search may measure, whichever (BS, TN) wins stage 1: what pre-warming compiles."""
+    out = []
+    for s in grid_specs(shape, arch, kernel, device, exhaustive, pdl):
+        for v in variant_specs(shape, arch, kernel, s.config, device, exhaustive, pdl):
+            if v not in out:
+                out.append(v)
+    return out
+
+
+def autotune(shape: GemvShape, kernel: str, device, exhaustive: bool = False, pdl: bool = False):
+    """Benchmark stage 1, then stage 2 at its winner; -> (TuningRecord, winning spec)."""
+    from .benchmark import measure  # the harness compiles and launches: only tier 4 needs it
+
+    stage1 = grid_specs(shape, device.arch, kernel, device, exhaustive, pdl)
+    times = measure(device, stage1)
+    ok = {s: t for s, t in times.items() if t is not None}
     if not ok:
         raise Int4JitError(f"autotune for {shape.key()} on {device.arch}: every candidate failed "
                            f"(set INT4JIT_TRACE=1 to see why)")
     best = min(ok, key=ok.get)
-    return TuningRecord(best.BS, best.TN, ok[best], {str(c): t for c, t in times.items()},
-                        compiler.template_hash(), device.name, module_for_arch(device.arch).compiler_version(),
-                        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), exhaustive)
+    stage2 = [s for s in variant_specs(shape, device.arch, kernel, best.config, device, exhaustive, pdl)
+              if s not in times]
+    if stage2:
+        times.update(measure(device, stage2))
+        ok = {s: t for s, t in times.items() if t is not None}
+        best = min(ok, key=ok.get)
+    trace("tuned %s: %d candidates measured (%d geometries, %d variants), best %s %.2f us", shape.key(),
+          len(times), len(stage1), len(stage2), best.label(), ok[best])
+    rec = TuningRecord(config={"BS": best.config.BS, "TN": best.config.TN, **best.variant.as_dict()},
+                       us=ok[best], candidates={s.label(): t for s, t in times.items()}, context={},
+                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       exhaustive=exhaustive)
+    return rec, best

@@ -66,10 +66,16 @@ def validate(x, w, scales, zeros, out):
         _dtype(zi, "uint8", f"of shape ({N}, {ngroups}) for K={K}, group={group}")
         if zi.shape != si.shape:
             _fail(ValueError, "zeros", f"uint8 of the shape of scales ({N}, {ngroups})", f"shape {zi.shape}")
+        # Host zero points are checked here; device ones once per layer (GemvWeights), since a
+        # per-call device reduction would cost more than the GEMV.
+        if zi.framework == "numpy" and zi.obj.size and int(zi.obj.max()) > 15:
+            _fail(ValueError, "zeros", "zero points 0..15 (4 bits)", f"a maximum of {int(zi.obj.max())}")
 
     out_shape = (N,) if len(xi.shape) == 1 else (1, N)
     if oi is not None:
         _dtype(oi, "float16", f"of shape {out_shape}")
+        if oi.framework == "numpy" and not oi.obj.flags.writeable:
+            _fail(ValueError, "out", "a writeable array", "a read-only numpy array")
         if tuple(oi.shape) != out_shape:
             _fail(ValueError, "out", f"float16 of shape {out_shape} (x is {xi.shape})", f"shape {oi.shape}")
 
@@ -92,3 +98,16 @@ def validate(x, w, scales, zeros, out):
     for i in present:
         _aligned(i)
     return GemvShape(N, K, group, zi is None), infos, out_shape
+
+
+def validate_x(x, K: int, device_index: int):
+    """Raise the error a new activation for a prepared layer deserves (it failed the fast check)."""
+    xi = describe("x", x)
+    _dtype(xi, "float16", f"[{K}] or [1, {K}]")
+    if tuple(xi.shape) not in ((K,), (1, K)):
+        _fail(ValueError, "x", f"[{K}] or [1, {K}] (one token)", f"shape {xi.shape}")
+    _contiguous(xi)
+    if not xi.on_device or xi.device[1] != device_index:
+        _fail(ValueError, "x", f"on GPU {device_index}, where the weights are",
+              "a host array" if not xi.on_device else f"GPU {xi.device[1]}")
+    _aligned(xi)

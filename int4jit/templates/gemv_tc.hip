@@ -15,10 +15,9 @@
 //   GROUP <  128: only lane (g == t), so D column n holds chunk n alone (the diagonal trick)
 //                 and each chunk (or half chunk, GROUP 16) is scaled on its own.
 //
-// Streaming (large shapes, compiler.tc_streams): ROLL refills each load slot with the next
-// batch's data as soon as its mma steps are issued, so loads stay in flight while the warp
-// computes; XSMEM stages x in shared memory once per block (no L2 round trip per step);
-// L2HINT asks L2 for 256-byte fetches on weight misses.
+// STREAMING (the variant field `streaming`): each load slot is refilled with the next batch's data
+// as soon as its mma steps are issued, so loads stay in flight while the warp computes; x is
+// staged in shared memory (XSMEM, where it fits); weight misses ask L2 for 256-byte fetches.
 //
 // RAW_A: A is the raw (1024 + q) / (64 + q) pairs the LOP3s make (no subtraction), so
 // D = sum x q + 1024 sum x_even + 64 sum x_odd over the group or chunk. The offsets are the same
@@ -27,8 +26,11 @@
 // D - C - z S. Exact products still; the sums lose ~7 bits of fp32 to the 1024 offset.
 // XPERM: x is staged in shared memory already paired as the mma's B wants it (no PRMT per step).
 // WIDE_SCALES: on the diagonal, a lane folds two adjacent chunks of a row; with whole steps their
-// scales are adjacent (and aligned) in the row, so they come in one load: 28672x4096 g32 on the
-// H200 26.47 -> 24.66 us, L1 wavefronts 71% -> 49% of peak (bench/NOTES.md, session 8).
+// scales are adjacent (and aligned) in the row, so they come in one load (docs/performance.md).
+//
+// PDL (sm_90): the kernel lets the next one launch as soon as every block has started, asks L2
+// for its first PREFETCH batches of weights (no predecessor writes them; a prefetch returns no
+// data, so nothing stale can be read), then waits for the previous grid before any load.
 
 constexpr long long N = ${N};
 constexpr int K = ${K};
@@ -40,14 +42,15 @@ constexpr int KSPLIT_ALL = KSPLIT * KC;  // warps that split one row block's K
 constexpr int TW = ${TW};                // 16-row tiles per warp
 constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight together
 constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT_ALL-th)
-constexpr bool ROLL = ${ROLL};           // reload each load slot as soon as it is used
+constexpr bool STREAMING = ${STREAMING}; // reload each load slot as soon as it is used; 256-byte L2 fetches
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
 constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets come off after the mma
-constexpr bool XPERM = XSMEM && ${XPERM};  // staged x already paired for B
-constexpr bool XWARP = XSMEM && ${XWARP};  // each warp stages its own steps' x, before its weights
+constexpr bool XPERM = XSMEM;            // staged x is already paired for B
+constexpr bool XWARP = XSMEM && !RAW_A;  // each warp stages its own steps' x, before its weights
+constexpr int PREFETCH = ${PREFETCH};    // batches of weights asked into L2 before the grid-dependency wait
 // On the diagonal with whole steps, a lane's two chunks' scales of a row are adjacent: one load.
-constexpr bool WIDE_SCALES = ${WIDE_SCALES} && GROUP < 128 && K % 128 == 0;
-static_assert(!XWARP || (XPERM && ROLL), "XWARP stages x paired, through registers, on streamed builds");
+constexpr bool WIDE_SCALES = GROUP < 128 && K % 128 == 0;
+static_assert(!XSMEM || STREAMING, "x is staged in shared memory on streaming builds only");
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -70,17 +73,11 @@ static_assert(KC == 1 || __CUDA_ARCH__ >= 900, "a K split over the blocks of a c
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
 static_assert(DIAG || K % 128 == 0, "GROUP >= 128 implies whole steps");
 
-#if ${L2HINT}
-// Weights with a 256-byte L2 fetch hint: a miss brings the neighbouring sectors too.
+// Weights; streaming builds add a 256-byte L2 fetch hint (a miss brings the neighbouring sectors).
 __device__ __forceinline__ u32x4 load_weights16(const void* p) {
-    u32x4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
+    if constexpr (STREAMING) return load_stream16_l2_256(p);
+    else return load_stream16(p);
 }
-#else
-__device__ __forceinline__ u32x4 load_weights16(const void* p) { return load_stream16(p); }
-#endif
 
 // Zero point z as the fp16x2 words that turn (1024 + q) and (1024 + 16q) into q - z.
 __device__ __forceinline__ void tc_zero_words(u32 z, u32& zlo, u32& zhi_neg) {
@@ -216,7 +213,7 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], 
 // N-1 (always valid) and are never stored; every other block addresses its rows as constant
 // offsets from one pointer per lane, so the loads need no per-row arithmetic.
 // A batch is UNROLL steps of TW tiles: UNROLL * TW load slots (rows g and g+8 of a tile).
-// ROLL: each slot is reloaded with the next batch's data as soon as it has been used, so a
+// STREAMING: each slot is reloaded with the next batch's data as soon as it has been used, so a
 // warp's loads stay in flight while it computes (same registers); else a batch's loads are all
 // issued, then all used. XSMEM: x staged in shared memory while the first batch is in flight.
 template <bool TAIL>
@@ -290,8 +287,8 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
                         zp[u][tw][h][e][seg] = load_cached_u8(zbase + row_off(tw, h) * NG + (32 * zc + 16 * seg) / GROUP);
                 }
             }
-            // ROLL: one issue fence per slot, on an address (ptxas then keeps the refill's loads here).
-            if constexpr (ROLL) {
+            // STREAMING: one issue fence per slot, on an address (ptxas then keeps the refill's loads here).
+            if constexpr (STREAMING) {
                 if (h == 0) issue_barrier((u32)(unsigned long long)src);
             }
         }
@@ -322,20 +319,16 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
             if (xw[r] >= 0) xs[xw[r]] = tc_pair_x(xv[r]);
         __syncwarp();
     } else {
-        // ROLL: the first batch is loaded before the loop, and x goes into shared memory
-        // (asynchronous copies, no registers held) while it is in flight.
-        if constexpr (ROLL) load_batch(s_begin);
+        // STREAMING: the first batch is loaded before the loop, and x goes into shared memory
+        // while it is in flight.
+        if constexpr (STREAMING) load_batch(s_begin);
         if constexpr (XPERM) {
             for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_cached16(x + 8 * i));
-            __syncthreads();
-        } else if constexpr (XSMEM) {
-            for (int i = threadIdx.x; i < K / 8; i += BS) copy_async16(smem_address(xs + i), x + 8 * i);
-            copy_async_wait_all();
             __syncthreads();
         }
     }
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
-        if constexpr (!ROLL) {
+        if constexpr (!STREAMING) {
             load_batch(s0);
             u32 all = 0;
 #pragma unroll
@@ -359,7 +352,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) {
                 tc_tile(acc[tw], wq[u][tw], sc[u][tw], zp[u][tw], xp, cs);
-                if constexpr (ROLL) {
+                if constexpr (STREAMING) {
                     // With one step a batch, `more` means that step exists: no clamping.
                     if (more) load_slot(s0 + BATCH, u, tw, UNROLL == 1);
                 }
@@ -432,19 +425,28 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y
     }
 }
 
-#if ${KCLUSTER} > 1
-#define I4_CLUSTER_DIMS __cluster_dims__(KC, 1, 1)
-#else
-#define I4_CLUSTER_DIMS
-#endif
+// Ask L2 for the weights of this warp's first PREFETCH batches (one 64-byte piece of a row per
+// step, from lane t == 0). Before the grid-dependency wait: weights are never a predecessor's output.
+__device__ __forceinline__ void tc_prefetch(const u8* I4_RESTRICT w, long long row0, int ks, int g, int t) {
+    if (t != 0) return;
+    const int s_begin = CONTIG ? ks * WARP_STEPS : ks;
+    const int s_end = CONTIG ? min(s_begin + WARP_STEPS, STEPS) : STEPS;
+#pragma unroll
+    for (int b = 0; b < PREFETCH * UNROLL; ++b) {
+        const int st = s_begin + b * STEP_STRIDE;
+        if (st >= s_end) break;
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const long long r = min(row0 + 16 * tw + 8 * h + g, N - 1);
+                prefetch_l2(w + r * ROW_BYTES + 64LL * st);
+            }
+    }
+}
 
-#if ${MIN_BLOCKS} > 0
-#define I4_BOUNDS __launch_bounds__(BS, ${MIN_BLOCKS})  // registers capped so that many blocks fit a SM
-#else
-#define I4_BOUNDS __launch_bounds__(BS)
-#endif
-
-extern "C" __global__ void I4_CLUSTER_DIMS I4_BOUNDS
+// KERNEL_ATTRS: the launch bounds (with a register cap for one_wave) and the cluster size.
+extern "C" __global__ void ${KERNEL_ATTRS}
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
     const int ks = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -455,20 +457,19 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     const long long row0 = (long long)(blockIdx.x / KC) * ROWS_PER_BLOCK;
     __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
     __shared__ float partial[KSPLIT > 1 ? KSPLIT : 1][ROWS_PER_BLOCK];
-#if ${KCLUSTER} > 1
-    __shared__ float cluster_part[KC][ROWS_PER_BLOCK];  // block 0's: every block's sums
-#else
-    float (*cluster_part)[ROWS_PER_BLOCK] = nullptr;
-#endif
+    // KC > 1: block 0's copy receives every block's sums (a one-element array otherwise).
+    __shared__ float cluster_sums[KC > 1 ? KC * ROWS_PER_BLOCK : 1];
+    float (*cluster_part)[ROWS_PER_BLOCK] = KC > 1 ? (float (*)[ROWS_PER_BLOCK])cluster_sums : nullptr;
     if constexpr (KC > 1) cluster_arrive_relaxed();  // this block has started (tc_store waits for all)
     float acc[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
-    I4_GRID_WAIT();
+    I4_GRID_LAUNCH_DEPENDENTS();  // the next kernel may launch once every block has started
+    if constexpr (PREFETCH > 0) tc_prefetch(w, row0, rank * KSPLIT + ks, g, t);
+    I4_GRID_WAIT();               // the previous kernel's writes (x) are visible after this
     if (N % ROWS_PER_BLOCK != 0 && blockIdx.x / KC == gridDim.x / KC - 1)
         tc_rows<true>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     else
         tc_rows<false>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
-    I4_GRID_LAUNCH_DEPENDENTS();  // this block's loads are done: the next kernel may start
     tc_store(acc, y, row0, ks, rank, g, t, partial, cluster_part);
 }

@@ -22,6 +22,15 @@ __device__ __forceinline__ u32x2 load_stream8(const void* p) {
                  : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
 }
+// The same with a 256-byte L2 fetch hint: a miss brings the neighbouring sectors too.
+__device__ __forceinline__ u32x4 load_stream16_l2_256(const void* p) {
+    u32x4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+// A hint that brings a line into L2; returns nothing, so it is safe before the grid-dependency wait.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // Activations, scales and zeros are shared by many rows: keep them cached.
 __device__ __forceinline__ u32x4 load_cached16(const void* p) {
     u32x4 v;
@@ -73,7 +82,7 @@ __device__ __forceinline__ dot_acc_t dot2(dot_acc_t acc, u32 w, u32 x) {
 }
 __device__ __forceinline__ float dot_finish(dot_acc_t acc) { return acc; }
 
-// Tensor-core step for gemv_mma.hip (sm_80+): D += A (16x16 f16, row) * B (16x8 f16, col), f32.
+// Tensor-core step for gemv_tc.hip (sm_80+): D += A (16x16 f16, row) * B (16x8 f16, col), f32.
 __device__ __forceinline__ void mma_16816(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -90,16 +99,12 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
 __device__ __forceinline__ void issue_barrier(u32 v) {
     if (v == 0x9E3779B9u) asm volatile("nanosleep.u32 0;");
 }
-// Asynchronous global -> shared copies (sm_80+): no registers held while in flight.
+// A shared-memory pointer as the 32-bit address st.shared::cluster / mapa take.
 __device__ __forceinline__ u32 smem_address(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
-__device__ __forceinline__ void copy_async16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Thread block clusters (sm_90+): a store into the shared memory of block `rank` of the cluster,
 // and the barrier of every thread of the cluster (stores before it are seen after it).
 __device__ __forceinline__ void cluster_store(float* p, u32 rank, float v) {
@@ -116,7 +121,7 @@ __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
 // Programmatic dependent launch (sm_90+; the launch sets the attribute): a kernel may start
 // while the one before it on the stream drains. It waits for that kernel's writes before its
-// first global read, and lets the next one start once its own loads are done.
+// first global load (prefetch hints may come before), and lets the next one launch early.
 #if __CUDA_ARCH__ >= 900
 #define I4_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #define I4_GRID_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")

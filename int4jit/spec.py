@@ -1,0 +1,305 @@
+"""What one kernel launch is, as one frozen value: the KernelSpec.
+
+A spec names the kernel (`simt`: templates/gemv.hip, any target; `tc`: templates/gemv_tc.hip,
+NVIDIA tensor cores), its launch geometry (BS, TN), its variant record (the tc kernel's
+searchable knobs), and everything derived from them: template parameters, grid, block, whether
+the launch uses programmatic dependent launch (pdl). Rendering, compiling, loading, launching
+and every cache key read the spec; nothing is derived twice. Pure functions, no I/O.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from .shapes import GemvShape, LaunchConfig
+
+TEMPLATES = Path(__file__).parent / "templates"
+KERNELS = ("simt", "tc")
+TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip"}
+PRELUDES = ("prelude_cuda.hip", "prelude_hip.hip")
+SPEC_SCHEMA = 2
+
+
+@functools.lru_cache(maxsize=None)
+def read_template(name: str) -> str:
+    return (TEMPLATES / name).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def template_hash(kernel: str) -> str:
+    """Hash of one kernel's template and both preludes: tuning results are valid for it only."""
+    text = "\0".join(read_template(n) for n in (TEMPLATE_OF[kernel], *PRELUDES))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- the variant record ---------------------------------------------------------------------
+@dataclass(frozen=True, order=True)
+class Variant:
+    """The tc kernel's knobs beyond (BS, TN); searched by the tuner, named by the override
+    (e.g. INT4JIT_CONFIG="128,4,streaming=1,kcluster=2"). docs/performance.md has the measurements.
+
+    streaming  each load slot refilled as soon as it is used, x staged in shared memory, 256-byte
+               L2 fetches (large g >= 128 shapes: 3-12% faster on the H200)
+    raw_a      A = raw (1024 + q) pairs, offsets removed after the mma (streaming, >= 2 tiles a warp)
+    kcluster   blocks of a sm_90 cluster splitting one row block's K (1 or 2; K-long g32 tails)
+    one_wave   registers capped so a one-wave grid fits (a few g32 shapes)
+    loads      16-byte weight loads a lane keeps in flight (4 or 8)
+    prefetch   batches of weights asked into L2 before waiting for the previous kernel (0-2)
+    """
+    streaming: bool = False
+    raw_a: bool = False
+    kcluster: int = 1
+    one_wave: bool = False
+    loads: int = 4
+    prefetch: int = 1
+
+    def text(self) -> str:
+        """Only the fields that differ from the defaults: 'streaming=1,kcluster=2'."""
+        base = Variant()
+        return ",".join(f"{f.name}={int(getattr(self, f.name))}" for f in fields(self)
+                        if getattr(self, f.name) != getattr(base, f.name))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+VARIANT_RANGES = {"streaming": (0, 1), "raw_a": (0, 1), "kcluster": (1, 2), "one_wave": (0, 1),
+                  "loads": (4, 8), "prefetch": (0, 1, 2)}
+SIMT_VARIANT = Variant(prefetch=0)
+
+
+def variant_from(values: dict, where: str) -> Variant:
+    """A Variant from {name: int}; unknown names and values outside VARIANT_RANGES are errors
+    naming `where` (the variable or record they came from)."""
+    known = {f.name: f.type for f in fields(Variant)}
+    kw = {}
+    for name, value in values.items():
+        if name not in known:
+            raise ValueError(f"{where}: unknown variant field {name!r}; expected one of {', '.join(known)}")
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, int) or value not in VARIANT_RANGES[name]:
+            raise ValueError(f"{where}: {name}={value!r} is not one of {VARIANT_RANGES[name]}")
+        kw[name] = bool(value) if known[name] == "bool" else value
+    return Variant(**kw)
+
+
+# -- the spec -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel build and launch. Frozen: a key in every memo and cache."""
+    shape: GemvShape
+    arch: str                # parsed target: 'sm_90', 'gfx90a'
+    kernel: str              # simt | tc
+    config: LaunchConfig     # (BS, TN)
+    variant: Variant
+    params: tuple            # (name, value) template parameters beyond the shape
+    grid: int
+    block: int
+    pdl: bool                # launched with programmatic dependent launch (sm_90)
+    # What the heuristic models (derived; part of the value so it is computed once):
+    rows_per_block: int = field(compare=False)
+    k_efficiency: float = field(compare=False)    # busy fraction of the lanes along K
+    inflight_bytes: int = field(compare=False)    # weight bytes one thread has in flight
+    thread_bytes: int = field(compare=False)      # weight bytes one thread reads per row block
+    regs: int = field(compare=False)              # registers per thread, estimated
+
+    @property
+    def template(self) -> str:
+        return TEMPLATE_OF[self.kernel]
+
+    @property
+    def name(self) -> str:
+        """The kernel's symbol (the code cache key tells builds apart, not the name)."""
+        s = self.shape
+        sym = "s" if s.symmetric else "a"
+        return f"int4jit_{self.kernel}_n{s.N}_k{s.K}_g{s.group}{sym}_bs{self.config.BS}_tn{self.config.TN}"
+
+    def canonical(self) -> dict:
+        """Everything that makes this build and launch, as plain JSON values."""
+        return {"schema": SPEC_SCHEMA, "shape": asdict(self.shape), "arch": self.arch, "kernel": self.kernel,
+                "config": [self.config.BS, self.config.TN], "variant": self.variant.as_dict(),
+                "params": [list(p) for p in self.params], "grid": self.grid, "block": self.block,
+                "pdl": self.pdl, "template": template_hash(self.kernel)}
+
+    @functools.cached_property
+    def _key(self) -> str:
+        return hashlib.sha256(json.dumps(self.canonical(), sort_keys=True).encode()).hexdigest()
+
+    def key(self) -> str:
+        return self._key
+
+    def label(self) -> str:
+        """'128,4' or '128,4,streaming=1': the override syntax, and the tuner's candidate name."""
+        v = self.variant.text() if self.kernel == "tc" else ""
+        return f"{self.config}" + (f",{v}" if v else "")
+
+    def param(self, name: str):
+        return dict(self.params)[name]
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+# -- which kernel ---------------------------------------------------------------------------
+# Below this many rows the tc kernel (16 rows a warp) leaves multiprocessors idle and gemv.hip
+# (rows split over fewer threads) wins on the H200 (docs/performance.md).
+TC_MIN_ROWS = 2048
+
+
+def tc_possible(shape: GemvShape, tensor_cores: bool) -> bool:
+    return tensor_cores and shape.K % 32 == 0
+
+
+def choose_kernel(shape: GemvShape, tensor_cores: bool, requested: str = "auto") -> str:
+    """`tc` where the target has the m16n8k16 step, K is whole 16-byte loads and N is large
+    enough; `simt` elsewhere. requested='simt'|'tc' asks for one (tc where it cannot serve is a
+    ValueError: nothing falls back silently)."""
+    if requested == "simt":
+        return "simt"
+    if requested == "tc":
+        if not tc_possible(shape, tensor_cores):
+            raise ValueError(f"INT4JIT_KERNEL=tc: {shape.key()} cannot use the tc kernel "
+                             f"(it needs an NVIDIA sm_80+ target and K % 32 == 0)")
+        return "tc"
+    return "tc" if tc_possible(shape, tensor_cores) and shape.N >= TC_MIN_ROWS else "simt"
+
+
+# -- variants -------------------------------------------------------------------------------
+# Where the tc kernel streams by default: groups of 128 and more, K of 4096 or more and weights of
+# 24 Mi elements or more (3-12% faster there on the H200; 2-11% slower elsewhere).
+TC_STREAM_MIN_WEIGHTS = 24 << 20
+TC_STREAM_MIN_K = 4096
+# raw_a pays with at least this many 16-row tiles a warp (28672x4096 (128,4) 18.50 -> 17.55 us).
+TC_RAW_MIN_TILES = 2
+
+
+def default_variant(shape: GemvShape, kernel: str, config: LaunchConfig) -> Variant:
+    """The variant a (shape, config) gets without tuning: the measured rules."""
+    if kernel == "simt":
+        return SIMT_VARIANT
+    streaming = (shape.group >= 128 and shape.K >= TC_STREAM_MIN_K
+                 and shape.N * shape.K >= TC_STREAM_MIN_WEIGHTS)
+    return Variant(streaming=streaming, raw_a=streaming and config.TN // 2 >= TC_RAW_MIN_TILES)
+
+
+def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str,
+                  exhaustive: bool = False) -> list[Variant]:
+    """The variants the tuner measures at one (BS, TN), the default first. The default search
+    flips one field at a time (streaming, one_wave, loads, prefetch); exhaustive adds kcluster
+    (sm_90) and raw_a combinations."""
+    base = default_variant(shape, kernel, config)
+    if kernel == "simt":
+        return [base]
+    out = [base]
+
+    def add(v: Variant):
+        v = normalise_variant(shape, config, arch, v)
+        if v not in out:
+            out.append(v)
+
+    add(replace(base, streaming=not base.streaming, raw_a=False))
+    add(replace(base, one_wave=True))
+    add(replace(base, loads=8))
+    add(replace(base, prefetch=0 if base.prefetch else 1))
+    if exhaustive:
+        add(replace(base, prefetch=2))
+        if arch_number(arch) >= 90:
+            add(replace(base, kcluster=2))
+        if base.streaming:
+            add(replace(base, raw_a=not base.raw_a))
+    return out
+
+
+def arch_number(arch: str) -> int:
+    return int(arch[3:].rstrip("af")) if arch.startswith("sm_") else 0
+
+
+def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant) -> Variant:
+    """The variant as it will be built: fields that cannot apply are reset (raw_a needs
+    streaming; kcluster needs sm_90 and K of two steps or more; prefetch needs PDL, i.e. sm_90)."""
+    if not v.streaming and v.raw_a:
+        v = replace(v, raw_a=False)
+    if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster):
+        v = replace(v, kcluster=1)
+    if v.prefetch and arch_number(arch) < 90:
+        v = replace(v, prefetch=0)
+    return v
+
+
+# -- geometry -------------------------------------------------------------------------------
+def _simt_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool) -> KernelSpec:
+    """gemv.hip: KT threads along K; each keeps at most 8 weight loads (TN rows x UNROLL
+    steps) in flight."""
+    vec = 16 if shape.K % 32 == 0 else 8
+    chunks = shape.K // (2 * vec)
+    kt = min(cfg.BS, _next_pow2(chunks))
+    iters = _ceil(chunks, kt)
+    unroll = max(1, min(iters, 8 // cfg.TN))
+    rows_per_block = (cfg.BS // kt) * cfg.TN
+    return KernelSpec(
+        shape, arch, "simt", cfg, SIMT_VARIANT, (("KT", kt), ("VEC", vec), ("UNROLL", unroll)),
+        _ceil(shape.N, rows_per_block), cfg.BS, pdl,
+        rows_per_block=rows_per_block, k_efficiency=chunks / (kt * iters),
+        inflight_bytes=cfg.TN * unroll * vec, thread_bytes=cfg.TN * iters * vec,
+        regs=40 + cfg.TN * unroll * (vec // 4 + 8) + 4 * unroll + 2 * cfg.TN)
+
+
+# Static shared memory a block may declare.
+STATIC_SMEM_LIMIT = 48 << 10
+
+
+def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bool, sm_count: int) -> KernelSpec:
+    """gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows a warp); the BS/32 warps of a
+    block split K in steps of 128 elements (no more warps than steps). Groups under 128 walk K in
+    contiguous ranges per warp, larger groups interleave the warps' steps."""
+    v = normalise_variant(shape, cfg, arch, v)
+    tw = cfg.TN // 2
+    steps = _ceil(shape.K, 128)
+    kc = v.kcluster
+    ksplit = min(cfg.BS // 32, steps // kc)
+    per_warp = _ceil(steps, ksplit * kc)
+    unroll = max(1, min(v.loads // (2 * tw), per_warp))
+    rows_per_block = 16 * tw
+    # x in shared memory where it fits the static limit beside the K-split partial sums.
+    xsmem = v.streaming and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
+    grid = kc * _ceil(shape.N, rows_per_block)
+    min_blocks = _ceil(grid, sm_count) if v.one_wave and _ceil(grid, sm_count) <= 32 else 0
+    cpp = lambda b: "true" if b else "false"
+    params = (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", cpp(shape.group < 128)),
+              ("STREAMING", cpp(v.streaming)), ("XSMEM", cpp(xsmem)), ("RAW_A", cpp(v.raw_a)),
+              ("KCLUSTER", kc), ("PREFETCH", v.prefetch if pdl else 0),
+              ("KERNEL_ATTRS", (f"__cluster_dims__({kc}, 1, 1) " if kc > 1 else "")
+               + (f"__launch_bounds__({cfg.BS}, {min_blocks})" if min_blocks else f"__launch_bounds__({cfg.BS})")))
+    return KernelSpec(
+        shape, arch, "tc", cfg, v, params, grid, 32 * ksplit, pdl,
+        rows_per_block=rows_per_block, k_efficiency=(shape.K // 32) / (4 * ksplit * kc * per_warp),
+        inflight_bytes=cfg.TN * unroll * 16, thread_bytes=cfg.TN * per_warp * 16,
+        regs=48 + cfg.TN * unroll * 6 + 4 * tw)
+
+
+# Multiprocessors of known targets, for specs made without a device (compile-only, the heuristic).
+KNOWN_SMS = {"sm_90": 132, "sm_80": 108, "sm_89": 128, "sm_86": 84, "sm_100": 148, "sm_120": 170,
+             "gfx90a": 110, "gfx942": 304, "gfx908": 120, "gfx1030": 40, "gfx1100": 48, "gfx1151": 40}
+
+
+def make_spec(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, variant: Variant | None = None,
+              pdl: bool = False, sm_count: int | None = None) -> KernelSpec:
+    """The spec of one build and launch; variant None takes the default for (shape, config)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}: expected one of {KERNELS}")
+    if variant is None:
+        variant = default_variant(shape, kernel, config)
+    if kernel == "simt":
+        if variant not in (SIMT_VARIANT, Variant()):
+            raise ValueError(f"the simt kernel has no variant fields; got {variant.text()!r}")
+        return _simt_spec(shape, arch, config, pdl)
+    return _tc_spec(shape, arch, config, variant, pdl, sm_count or KNOWN_SMS.get(arch, 64))
