@@ -1,112 +1,272 @@
 """Move a cache between machines as one archive: code objects + tuning DBs.
-Import validates every member before it touches the cache, so a rejected archive
-leaves the cache as it was; tuning entries merge, newer-dated entries win."""
+
+Import reads the archive as a stream with its own small tar reader (regular files only,
+ustar headers, checksums checked), so memory and time are bounded whatever the headers say:
+one member in memory at most (MAX_MEMBER), MAX_TOTAL decompressed bytes in all, MAX_MEMBERS
+members. Members are staged in a private folder inside the cache dir and every one is
+validated (manifest hash, the cache's own code-object check, the tuning DB schema) before
+anything moves into the cache, so a rejected archive leaves the cache as it was. Tuning
+entries merge; newer-dated entries win."""
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
 import json
+import os
 import re
+import shutil
 import tarfile
+import tempfile
+import zlib
 from pathlib import Path
 
 from . import cache
-from .tuning_db import TuningDB, TuningRecord
+from .tuning_db import DB_SCHEMA, InvalidTuningDB, TuningDB, parse_db
 
 MANIFEST = "manifest.json"
-_CODE = re.compile(r"^code/[0-9a-f]{2}/[0-9a-f]{64}\.bin$")
-_DB = re.compile(r"^tuning/(sm_[0-9]{2,3}[af]?|gfx[0-9a-f]{3,4})\.json$")
-MAX_MEMBER = 64 << 20
-MAX_TOTAL = 1 << 30
+_CODE = re.compile(r"^code/([0-9a-f]{2})/([0-9a-f]{64})\.bin$")
+_DB = re.compile(r"^tuning/(sm_[0-9]{2,3}[af]?|gfx[0-9]{1,2}[0-9a-f]{2})\.json$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+MAX_MEMBER = 64 << 20          # bytes of one member
+MAX_TOTAL = 512 << 20          # decompressed bytes of the whole archive, headers included
 MAX_MEMBERS = 100_000
+MAX_MANIFEST = 16 << 20
+CHUNK = 1 << 20
+BLOCK = 512
 
 
 class ArchiveError(ValueError):
     """The archive is not one int4jit wrote, or was tampered with; nothing was imported."""
 
 
+# -- export --------------------------------------------------------------------------------
 def export_cache(path) -> int:
-    """Write every valid code object and tuning DB into a .tar.gz; returns members written."""
-    root = cache.cache_dir()
-    files = {}
-    for p in sorted((root / "code").glob("*/*.bin")):
-        rel = p.relative_to(root).as_posix()
-        if _CODE.match(rel) and cache.read_code_object(p) is not None:
-            files[rel] = p.read_bytes()
-    for p in sorted((root / "tuning").glob("*.json")):
-        rel = p.relative_to(root).as_posix()
-        if _DB.match(rel):
-            entries = TuningDB(p.stem).entries()
-            files[rel] = json.dumps({"schema": 1, "arch": p.stem, "entries": entries}, sort_keys=True).encode()
-    manifest = {"int4jit_cache": 1, "files": {k: cache.sha256(v) for k, v in files.items()}}
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in [(MANIFEST, json.dumps(manifest, indent=1).encode()), *files.items()]:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o600
-            tar.addfile(info, io.BytesIO(data))
+    """Write every valid code object and tuning DB into a .tar.gz (written to a temp file and
+    renamed, so a failed export leaves no partial archive); returns the members written."""
+    path = Path(path)
+    code = [p for p in cache.list_code_objects() if p.valid]
+    dbs = {}
+    db_root = cache.db_dir()
+    if db_root.is_dir():
+        for p in sorted(db_root.glob("*.json")):
+            if _DB.match(f"tuning/{p.name}"):
+                entries = TuningDB(p.stem).entries()
+                if entries:
+                    dbs[f"tuning/{p.name}"] = json.dumps({"schema": DB_SCHEMA, "arch": p.stem, "entries": entries},
+                                                         sort_keys=True).encode()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    hashes = {}
+    try:
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.USTAR_FORMAT) as tar:
+            def add(name: str, data: bytes):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o600
+                tar.addfile(info, io.BytesIO(data))
+                hashes[name] = cache.sha256(data)
+            for info in code:
+                add(f"code/{info.key[:2]}/{info.key}.bin", info.path.read_bytes())
+            for name, data in dbs.items():
+                add(name, data)
+            files = dict(hashes)
+            add(MANIFEST, json.dumps({"int4jit_cache": 1, "files": files}, indent=1, sort_keys=True).encode())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return len(files)
 
 
-def _read_members(path) -> dict[str, bytes]:
+# -- import: a bounded stream reader -------------------------------------------------------
+class _Budget:
+    """Reads from the decompressed stream, never more than MAX_TOTAL bytes in all."""
+
+    def __init__(self, stream, where: str):
+        self.stream, self.where, self.used = stream, where, 0
+
+    def read(self, n: int, what: str) -> bytes:
+        if self.used + n > MAX_TOTAL:
+            raise ArchiveError(f"{self.where}: archive unpacks to more than {MAX_TOTAL} bytes")
+        out = bytearray()
+        while len(out) < n:
+            try:
+                chunk = self.stream.read(min(CHUNK, n - len(out)))
+            except EOFError:
+                raise ArchiveError(f"{self.where}: truncated (the compressed stream ends early, in {what})") from None
+            except (OSError, zlib.error) as e:
+                raise ArchiveError(f"{self.where}: corrupt compressed data ({e}) in {what}") from None
+            if not chunk:
+                raise ArchiveError(f"{self.where}: truncated: {what} claims {n} bytes, the archive has {len(out)}")
+            out += chunk
+        self.used += n
+        return bytes(out)
+
+    def drain(self):
+        """Read to the end (so gzip checks its CRC and length); only zero padding may follow."""
+        while True:
+            try:
+                chunk = self.stream.read(CHUNK)
+            except EOFError:
+                raise ArchiveError(f"{self.where}: truncated (the compressed stream ends early)") from None
+            except (OSError, zlib.error) as e:
+                raise ArchiveError(f"{self.where}: corrupt compressed data ({e})") from None
+            if not chunk:
+                return
+            self.used += len(chunk)
+            if self.used > MAX_TOTAL:
+                raise ArchiveError(f"{self.where}: archive unpacks to more than {MAX_TOTAL} bytes")
+            if chunk.count(0) != len(chunk):
+                raise ArchiveError(f"{self.where}: data after the end of the archive")
+
+
+def _octal(field: bytes, what: str, where: str) -> int:
+    text = field.split(b"\0", 1)[0].strip()
+    if not text:
+        return 0
+    if not re.fullmatch(rb"[0-7]+", text):
+        raise ArchiveError(f"{where}: corrupt tar header ({what} {field!r})")
+    return int(text, 8)
+
+
+_KIND = {b"1": "link", b"2": "link", b"3": "device/special file", b"4": "device/special file",
+         b"6": "device/special file", b"5": "directory", b"x": "pax extended header",
+         b"g": "pax global header", b"L": "GNU long name", b"K": "GNU long link name"}
+
+
+def _members(budget: _Budget, where: str):
+    """(name, size) of each member in turn; the caller reads the data through budget."""
+    count = 0
+    while True:
+        header = budget.read(BLOCK, "a member header")
+        if header.count(0) == BLOCK:
+            return
+        stored = _octal(header[148:156], "checksum", where)
+        if stored != sum(header[:148]) + 8 * 32 + sum(header[156:]):
+            raise ArchiveError(f"{where}: corrupt tar header (checksum mismatch)")
+        count += 1
+        if count > MAX_MEMBERS:
+            raise ArchiveError(f"{where}: more than {MAX_MEMBERS} members")
+        raw_name = header[:100].split(b"\0", 1)[0]
+        if header[257:262] == b"ustar" and header[345:500].strip(b"\0"):
+            raw_name = header[345:500].split(b"\0", 1)[0] + b"/" + raw_name
+        try:
+            name = raw_name.decode("ascii")
+        except UnicodeDecodeError:
+            raise ArchiveError(f"{where}: member name {raw_name[:60]!r} is not ASCII") from None
+        if name.startswith("/") or ".." in name.split("/") or "\\" in name:
+            raise ArchiveError(f"{where}: member {name!r} escapes the cache dir (absolute path or '..')")
+        kind = header[156:157]
+        if kind not in (b"0", b"\0"):
+            raise ArchiveError(f"{where}: member {name!r} is a {_KIND.get(kind, f'type {kind!r} member')}; "
+                               f"only regular files are accepted")
+        if name != MANIFEST and not (_CODE.match(name) or _DB.match(name)):
+            raise ArchiveError(f"{where}: unexpected member {name!r}")
+        if header[124] & 0x80:
+            raise ArchiveError(f"{where}: member {name!r} is over the {MAX_MEMBER} limit")
+        size = _octal(header[124:136], "size", where)
+        limit = MAX_MANIFEST if name == MANIFEST else MAX_MEMBER
+        if size > limit:
+            raise ArchiveError(f"{where}: member {name!r} is {size} bytes, over the {limit} limit")
+        yield name, size
+
+
+def _open_stream(path: Path):
+    f = open(path, "rb")
+    if f.read(2) == b"\x1f\x8b":
+        f.seek(0)
+        return f, gzip.GzipFile(fileobj=f, mode="rb")
+    f.seek(0)
+    return f, f
+
+
+def _stage(path: Path, staging: Path) -> dict[str, tuple[Path, str]]:
+    """Stream the archive's members into `staging`: {name: (file, sha256)}."""
+    where = str(path)
     try:
-        tar = tarfile.open(path, "r:*")
-    except (tarfile.TarError, OSError) as e:
-        raise ArchiveError(f"{path}: not a readable tar archive ({e})") from None
-    out, total = {}, 0
-    with tar:
-        for n, m in enumerate(tar):
-            if n >= MAX_MEMBERS:
-                raise ArchiveError(f"{path}: more than {MAX_MEMBERS} members")
-            name = m.name
-            if name.startswith("/") or ".." in Path(name).parts or "\\" in name:
-                raise ArchiveError(f"{path}: member {name!r} escapes the cache dir (absolute path or '..')")
-            if not m.isfile():
-                kind = "link" if (m.issym() or m.islnk()) else "device/special file" if (m.isdev() or m.isfifo()) else "directory"
-                raise ArchiveError(f"{path}: member {name!r} is a {kind}; only regular files are accepted")
-            if name != MANIFEST and not (_CODE.match(name) or _DB.match(name)):
-                raise ArchiveError(f"{path}: unexpected member {name!r}")
-            if m.size > MAX_MEMBER:
-                raise ArchiveError(f"{path}: member {name!r} is {m.size} bytes, over the {MAX_MEMBER} limit")
-            total += m.size
-            if total > MAX_TOTAL:
-                raise ArchiveError(f"{path}: archive unpacks to more than {MAX_TOTAL} bytes")
+        raw, stream = _open_stream(path)
+    except OSError as e:
+        raise ArchiveError(f"{where}: cannot read it ({e.strerror or e})") from None
+    out = {}
+    with raw:
+        budget = _Budget(stream, where)
+        for name, size in _members(budget, where):
             if name in out:
-                raise ArchiveError(f"{path}: member {name!r} appears twice")
-            out[name] = tar.extractfile(m).read()
+                raise ArchiveError(f"{where}: member {name!r} appears twice")
+            dest, h, left = staging / str(len(out)), hashlib.sha256(), size
+            with open(dest, "wb") as f:
+                while left:
+                    chunk = budget.read(min(CHUNK, left), f"member {name!r}")
+                    h.update(chunk)
+                    f.write(chunk)
+                    left -= len(chunk)
+            budget.read(-size % BLOCK, f"member {name!r}")
+            out[name] = (dest, h.hexdigest())
+        budget.drain()
     return out
+
+
+def _manifest(data: bytes, where: str) -> dict[str, str]:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise ArchiveError(f"{where}: {MANIFEST} is not valid JSON") from None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict) or doc.get("int4jit_cache", 1) != 1 or isinstance(doc.get("int4jit_cache"), bool):
+        raise ArchiveError(f"{where}: {MANIFEST} is not an int4jit cache manifest "
+                           f"(expected {{\"int4jit_cache\": 1, \"files\": {{name: sha256}}}})")
+    for name, digest in files.items():
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            raise ArchiveError(f"{where}: {MANIFEST} gives {name[:80]!r} a hash that is not 64 hex digits")
+    return files
 
 
 def import_cache(path) -> dict:
     """Validate then merge an archive into the cache. Raises ArchiveError, changing nothing,
-    when any member is unsafe or does not match its hash."""
-    members = _read_members(path)
-    try:
-        manifest = json.loads(members.pop(MANIFEST))
-        hashes = manifest["files"]
-    except (KeyError, ValueError, TypeError):
-        raise ArchiveError(f"{path}: missing or invalid {MANIFEST}") from None
-    if set(hashes) != set(members):
-        raise ArchiveError(f"{path}: manifest lists {sorted(set(hashes) ^ set(members))[:3]} inconsistently")
-    dbs = {}
-    for name, data in members.items():
-        if cache.sha256(data) != hashes[name]:
-            raise ArchiveError(f"{path}: member {name!r} does not match its hash")
-        if _CODE.match(name):
-            digest, payload = data[:64], data[64:]
-            if digest.decode("ascii", "replace") != cache.sha256(payload):
-                raise ArchiveError(f"{path}: code object {name!r} fails its content hash")
-        else:
-            try:
-                entries = json.loads(data)["entries"]
-                records = {k: TuningRecord.from_json(v) for k, v in entries.items()}
-            except (KeyError, ValueError, TypeError) as e:
-                raise ArchiveError(f"{path}: tuning DB {name!r} is invalid ({e})") from None
-            dbs[_DB.match(name).group(1)] = records
+    when any member is unsafe, malformed or does not match its hash."""
+    path = Path(path)
+    where = str(path)
     root = cache.cache_dir()
-    written = 0
-    for name, data in members.items():
-        if _CODE.match(name) and cache.read_code_object(root / name) is None:
-            cache.atomic_write(root / name, data)
-            written += 1
-    merged = sum(TuningDB(arch).put_many(recs, overwrite=False) for arch, recs in dbs.items())
-    return {"code_objects_added": written, "tuning_entries_merged": merged,
-            "tuning_dbs": sorted(dbs), "archive": str(path)}
+    staging = Path(tempfile.mkdtemp(prefix=cache.IMPORT_STAGING, dir=root))
+    try:
+        members = _stage(path, staging)
+        if MANIFEST not in members:
+            raise ArchiveError(f"{where}: missing {MANIFEST}")
+        hashes = _manifest(members.pop(MANIFEST)[0].read_bytes(), where)
+        if set(hashes) != set(members):
+            odd = sorted(set(hashes) ^ set(members))
+            raise ArchiveError(f"{where}: manifest and members disagree on {len(odd)} file(s), e.g. {odd[0][:80]!r}")
+        code, dbs, skipped = [], {}, []
+        for name, (file, digest) in members.items():
+            if digest != hashes[name]:
+                raise ArchiveError(f"{where}: member {name!r} does not match its hash")
+            data = file.read_bytes()
+            if _CODE.match(name):
+                if cache.verify_code_object(data) is None:
+                    raise ArchiveError(f"{where}: code object {name!r} fails its content hash")
+                code.append((name, file))
+                continue
+            arch = _DB.match(name).group(1)
+            try:
+                schema, entries = parse_db(data, arch)
+            except InvalidTuningDB as e:
+                raise ArchiveError(f"{where}: tuning DB {name!r} is invalid ({e})") from None
+            if schema != DB_SCHEMA:
+                skipped.append(f"{name}: schema {schema}, this int4jit reads {DB_SCHEMA}")
+            elif entries:
+                dbs[arch] = entries
+        added = 0
+        code_root = cache.code_dir()
+        for name, file in code:
+            dest = code_root / name[len("code/"):]
+            if cache.read_code_object(dest) is None:
+                dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.replace(file, dest)
+                added += 1
+        merged = sum(TuningDB(arch).put_many(recs, overwrite=False) for arch, recs in dbs.items())
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {"code_objects_added": added, "code_objects_present": len(code) - added,
+            "tuning_entries_merged": merged, "tuning_dbs": sorted(dbs), "skipped": skipped, "archive": where}
