@@ -2,12 +2,12 @@
 from ._version import __version__
 from .api import gemv
 from .errors import BackendUnavailable, CompileError, DriverError, Int4JitError
-from .formats import from_awq, from_gptq, from_matmulnbits, to_matmulnbits
+from .formats import Int4Weights, from_awq, from_gptq, from_matmulnbits, from_quantized_layer, to_matmulnbits
 from .reference import dequantize, quantize, reference_gemv
 from .shapes import GemvShape, LaunchConfig
 
 __all__ = ["gemv", "quantize", "dequantize", "reference_gemv", "from_matmulnbits", "to_matmulnbits",
-           "from_awq", "from_gptq", "GemvShape", "LaunchConfig",
+           "from_awq", "from_gptq", "from_quantized_layer", "Int4Weights", "GemvShape", "LaunchConfig",
            "CompileError", "DriverError", "BackendUnavailable", "Int4JitError", "__version__"]
 
 
