@@ -256,11 +256,6 @@ class Device:
         config.attrs, config.numAttrs = [attr], 1
         return config
 
-    def blocks_per_sm(self, fn, block: int) -> int:
-        """How many blocks of `block` threads of `fn` one multiprocessor holds at once."""
-        return check(self._drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block, 0),
-                     "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-
     # -- memory ------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> int:
         self.make_current()

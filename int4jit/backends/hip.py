@@ -100,7 +100,7 @@ def wave_size(arch: str) -> int:
 
 def kernel_traits(arch: str) -> dict:
     arch = parse_arch(arch)
-    # TENSOR_CORES: the MFMA/WMMA analogue of gemv_mma.hip is not written yet.
+    # TENSOR_CORES: no MFMA/WMMA analogue of gemv_tc.hip yet; AMD runs the simt kernel.
     return {"WARP": wave_size(arch), "HAS_DOT2": int(arch in DOT2_TARGETS), "TENSOR_CORES": 0}
 
 
@@ -230,11 +230,6 @@ class Device:
             if int(err) != 0:
                 raise DriverError(NAME, "hipModuleLaunchKernel", status_name(err))
         return run
-
-    def blocks_per_sm(self, fn, block: int) -> int:
-        """How many blocks of `block` threads of `fn` one compute unit holds at once."""
-        return check(self._hip.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(fn, block, 0),
-                     "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor")
 
     # -- memory ------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> int:
