@@ -196,7 +196,7 @@ def _stage(path: Path, staging: Path) -> dict[str, tuple[Path, str]]:
             if name in out:
                 raise ArchiveError(f"{where}: member {name!r} appears twice")
             dest, h, left = staging / str(len(out)), hashlib.sha256(), size
-            with open(dest, "wb") as f:
+            with open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
                 while left:
                     chunk = budget.read(min(CHUNK, left), f"member {name!r}")
                     h.update(chunk)
@@ -262,7 +262,7 @@ def import_cache(path) -> dict:
         for name, file in code:
             dest = code_root / name[len("code/"):]
             if cache.read_code_object(dest) is None:
-                dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                cache.make_private_dirs(dest.parent)
                 os.replace(file, dest)
                 added += 1
         merged = sum(TuningDB(arch).put_many(recs, overwrite=False) for arch, recs in dbs.items())

@@ -60,7 +60,7 @@ def check_private(path: Path, strict: bool = False) -> None:
 
 def _usable(root: Path) -> None:
     """Create `root` (0700) if missing, then check it is private and writable; OSError if not."""
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(root)
     check_private(root)
     if not os.access(root, os.W_OK | os.X_OK):
         raise PermissionError(f"{root} is not writable")
@@ -133,9 +133,25 @@ def db_dir() -> Path:
     return _subdir("tuning")
 
 
+def make_private_dirs(path: Path):
+    """mkdir -p with every folder it creates 0700 (os.makedirs gives the parents the umask's mode)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            if not p.is_dir():
+                raise
+
+
 def atomic_write(path: Path, data: bytes):
     """Write `data` to `path` via a private temp file in the same folder + os.replace."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:  # mkstemp makes the file 0600
@@ -276,7 +292,7 @@ class CodeObjectInfo:
 
 _KERNEL = re.compile(rb"int4jit_gemv_[A-Za-z0-9_]+")
 _AMD_ARCH = re.compile(rb"amdgcn-amd-amdhsa--(gfx[0-9a-f]+)")
-_NV_ARCH = re.compile(rb"\b(sm_[0-9]{2,3}[af]?)\b")
+_NV_ARCH = re.compile(rb"(sm_[0-9]{2,3}[af]?)(?![0-9A-Za-z])")
 
 
 def code_object_info(path: Path) -> CodeObjectInfo:

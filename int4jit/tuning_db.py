@@ -192,8 +192,8 @@ def is_db_name(name: str) -> bool:
 
 
 def _lock(path: Path) -> FileLock:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return FileLock(str(path) + ".lock", timeout=60)
+    cache.make_private_dirs(path.parent)
+    return FileLock(str(path) + ".lock", timeout=60, mode=0o600)
 
 
 def _set_aside(path: Path, raw: bytes, why: str, quiet: bool = False):

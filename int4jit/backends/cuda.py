@@ -99,10 +99,30 @@ def compiler_version() -> str:
     return f"nvrtc-{major}.{minor}"
 
 
+@functools.lru_cache(maxsize=None)
+def supported_archs() -> tuple[int, ...]:
+    """The sm_XY numbers this NVRTC compiles for (nvrtcGetSupportedArchs), e.g. (75, 80, ..., 120)."""
+    return tuple(int(a) for a in check(_nvrtc().nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
+
+
+def check_target_known(arch: str):
+    """Refuse a target this NVRTC does not compile for, saying which ones it does (NVRTC's
+    own answer is a bare 'invalid value for --gpu-architecture')."""
+    number = int(_ARCH.match(arch).group(1))
+    archs = supported_archs()
+    if number in archs:
+        return
+    hint = ("a newer CUDA toolkit's NVRTC" if archs and number > max(archs) else
+            "an older CUDA toolkit's NVRTC" if archs and number < min(archs) else "a real target")
+    raise CompileError(NAME, arch, [], f"{compiler_version()} does not compile for {arch}; it supports "
+                       f"{', '.join(f'sm_{a}' for a in archs)}; {arch} needs {hint}", "", "<target check>")
+
+
 def compile_source(source: str, name: str, arch: str, options=()) -> bytes:
     """Compile CUDA-dialect source for `arch` ('sm_90') to a cubin. Needs no GPU."""
     nvrtc = _nvrtc()
     parse_arch(arch)
+    check_target_known(arch)
     opts = [f"--gpu-architecture={arch}", "-std=c++17", *options]
     prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:

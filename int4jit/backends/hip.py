@@ -27,12 +27,21 @@ DOT2_TARGETS = frozenset({
     "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153",
     "gfx1200", "gfx1201",
 })
-# The oldest HIP (major, minor) whose hiprtc knows a target; older ones abort the process
-# on an unknown --offload-arch (seen with ROCm 5.2 and gfx1100), so int4jit refuses first.
-_FIRST_HIP = {"gfx940": (5, 5), "gfx941": (5, 5), "gfx942": (5, 7), "gfx950": (6, 4),
+# Every AMD target with the oldest HIP (major, minor) whose hiprtc knows it. hiprtc 5.2 aborts
+# the process on an --offload-arch it does not know (munmap_chunk(): invalid pointer, for
+# gfx940, gfx1100 and for names that are no target at all, e.g. gfx90b), so int4jit refuses
+# first. (5, 0): every one of them compiles with Debian's ROCm 5.2, checked one by one.
+_BASE_TARGETS = ("gfx600", "gfx601", "gfx602", "gfx700", "gfx701", "gfx702", "gfx703", "gfx704", "gfx705",
+                 "gfx801", "gfx802", "gfx803", "gfx805", "gfx810", "gfx900", "gfx902", "gfx904", "gfx906",
+                 "gfx908", "gfx909", "gfx90a", "gfx90c", "gfx1010", "gfx1011", "gfx1012", "gfx1013",
+                 "gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036")
+_FIRST_HIP = {**{t: (5, 0) for t in _BASE_TARGETS},
+              "gfx940": (5, 5), "gfx941": (5, 5), "gfx942": (5, 7), "gfx950": (6, 4),
               "gfx1100": (5, 4), "gfx1101": (5, 4), "gfx1102": (5, 4), "gfx1103": (5, 5),
               "gfx1150": (6, 2), "gfx1151": (6, 2), "gfx1152": (6, 3), "gfx1153": (6, 4),
               "gfx1200": (6, 3), "gfx1201": (6, 3)}
+# The newest HIP the table above describes: a newer hiprtc may know targets it does not list,
+# which a probe compile in a child process (where an abort costs nothing) decides.
 _NEWEST_KNOWN = (6, 4)
 
 
@@ -41,23 +50,43 @@ _NEWEST_KNOWN = (6, 4)
 _DISTRO_HIP = ("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5", "/usr/lib/aarch64-linux-gnu/libamdhip64.so.5")
 
 
+_rocm_links: str | None = None  # the ROCM_PATH this process made, if any
+
+
+def _rocm_links_dir() -> str:
+    """A private folder (0700, inside the user's own cache dir) for the library links; one
+    owned by someone else or open to group/others is refused: its libraries would be loaded."""
+    from .. import cache
+    root = cache.cache_dir() / "rocm"
+    lib = root / "lib"
+    try:
+        cache.make_private_dirs(lib)
+        cache.check_private(root, strict=True)
+        cache.check_private(lib, strict=True)
+    except OSError as e:
+        raise BackendUnavailable(f"hip: refusing the ROCm library folder {root}: {e}") from None
+    return str(root)
+
+
 def _locate_rocm():
     """Point hip-python at a distribution's ROCm through a folder of links, when no
     ROCm tree is configured (ROCM_PATH/ROCM_HOME unset, no /opt/rocm)."""
+    global _rocm_links
     if os.environ.get("ROCM_PATH") or os.environ.get("ROCM_HOME") or os.path.isdir("/opt/rocm/lib"):
         return
     lib = next((p for p in _DISTRO_HIP if os.path.exists(p)), None)
     if lib is None:
         return
-    root = os.path.join(tempfile.gettempdir(), f"int4jit-rocm-{os.getuid()}")
-    os.makedirs(os.path.join(root, "lib"), mode=0o700, exist_ok=True)
+    root = _rocm_links_dir()
     for name in ("libhiprtc.so", "libamdhip64.so"):
         link = os.path.join(root, "lib", name)
-        if os.path.realpath(link) != os.path.realpath(lib):
-            tmp = f"{link}.{os.getpid()}"
+        if not (os.path.islink(link) and os.readlink(link) == lib):
+            tmp = f"{link}.{os.getpid()}.tmp"
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
             os.symlink(lib, tmp)
             os.replace(tmp, link)
-    os.environ["ROCM_PATH"] = root
+    os.environ["ROCM_PATH"] = _rocm_links = root
     trace("hip: no ROCm tree configured; using %s through ROCM_PATH=%s", lib, root)
 
 
@@ -120,16 +149,58 @@ def compiler_version() -> str:
     return f"hiprtc-{major}.{minor}.{patch}"
 
 
+def _target_error(arch: str, why: str) -> CompileError:
+    return CompileError(NAME, arch, [], why, "", "<target check>")
+
+
+def known_targets(have: tuple[int, int]) -> list[str]:
+    """The targets the table says a HIP (major, minor) knows."""
+    return sorted((t for t, need in _FIRST_HIP.items() if have >= need), key=lambda t: (len(t), t))
+
+
+_PROBE = """
+import sys
+from hip import hiprtc
+err, prog = hiprtc.hiprtcCreateProgram(b'extern "C" __global__ void k(float* p) { p[0] = 1.0f; }', b"probe.hip", 0, [], [])
+(err,) = hiprtc.hiprtcCompileProgram(prog, 1, [("--offload-arch=" + sys.argv[1]).encode()])
+sys.exit(0 if int(err) == 0 else 3)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(arch: str) -> str:
+    """'' when this hiprtc compiles for `arch`, else why not: the probe runs in a child process,
+    where an abort on an unknown target costs nothing."""
+    import subprocess
+    import sys
+    _locate_rocm()
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE, arch], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the probe compile did not finish ({e})"
+    if r.returncode == 0:
+        return ""
+    if r.returncode < 0:
+        return f"a probe compile for {arch} killed its process (signal {-r.returncode})"
+    return f"a probe compile for {arch} failed ({(r.stderr.strip().splitlines() or ['exit ' + str(r.returncode)])[-1][:200]})"
+
+
 def check_target_known(arch: str):
-    """Refuse a target this hiprtc is too old for, before it can abort the process."""
+    """Refuse a target this hiprtc does not know, before it can abort the process: a known
+    target newer than the compiler names the ROCm it needs; an unknown one lists the known."""
     need = _FIRST_HIP.get(arch)
     have = hip_version()[:2]
-    if need is None and arch not in DOT2_TARGETS and not arch.startswith(("gfx9", "gfx10")):
-        need = _NEWEST_KNOWN
-    if need is not None and have < need:
-        raise CompileError(NAME, arch, [], f"hiprtc {compiler_version()} predates {arch} "
-                           f"(first supported in HIP {need[0]}.{need[1]}); install a newer ROCm",
-                           "", "<target check>")
+    if need is not None:
+        if have < need:
+            raise _target_error(arch, f"{compiler_version()} predates {arch} (first supported in HIP "
+                                      f"{need[0]}.{need[1]}); install ROCm {need[0]}.{need[1]} or newer")
+        return
+    if have <= _NEWEST_KNOWN:
+        raise _target_error(arch, f"{arch} is not an AMD target {compiler_version()} knows; it knows "
+                                  f"{', '.join(known_targets(have))}")
+    why = _probe(arch)
+    if why:
+        raise _target_error(arch, f"{compiler_version()} does not know {arch}: {why}")
 
 
 def compile_source(source: str, name: str, arch: str, options=()) -> bytes:
