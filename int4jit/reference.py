@@ -129,7 +129,8 @@ def quantize(W, group_size: int = 128, symmetric: bool = False):
     if kind == "cupy":
         import cupy
         return _quantize_xp(cupy, W, int(group_size), bool(symmetric), DEVICE_BLOCK_ELEMENTS)
-    return _quantize_xp(np, _as_float_numpy(W), int(group_size), bool(symmetric), NUMPY_BLOCK_ELEMENTS)
+    with np.errstate(over="ignore"):  # overflows are found and reported by name below
+        return _quantize_xp(np, _as_float_numpy(W), int(group_size), bool(symmetric), NUMPY_BLOCK_ELEMENTS)
 
 
 def _as_float_numpy(W) -> np.ndarray:
