@@ -1,6 +1,6 @@
 """int4jit: JIT-compiled, autotuned M=1 INT4 weight-only GEMV for AMD (hiprtc) and NVIDIA (NVRTC)."""
 from ._version import __version__
-from .api import gemv
+from .api import GemvWeights, gemv
 from .errors import BackendUnavailable, CompileError, DriverError, Int4JitError
 from .formats import Int4Weights, from_awq, from_gptq, from_matmulnbits, from_quantized_layer, to_matmulnbits
 from .reference import dequantize, quantize, reference_gemv

@@ -1,34 +1,74 @@
-"""torch integration: Int4Linear and quantize_model. Optional: `import int4jit` never imports
-torch; this module does."""
+"""torch integration: Int4Linear, quantize_model and the `int4jit::gemv` custom op. Optional:
+`import int4jit` never imports torch; this module does.
+
+Int4Linear's one-token call on the GPU runs the int4jit kernel through the layer's GemvWeights
+(validated once; a call re-checks only x). Under torch.compile it goes through the registered
+custom op `torch.ops.int4jit.gemv` (with a fake implementation), so Dynamo traces no int4jit
+Python and CUDA graphs (mode="reduce-overhead") capture the launch. Anything else (several
+tokens, the CPU) dequantises and uses torch.matmul, with one warning per module naming why.
+"""
 from __future__ import annotations
 
 import fnmatch
+import logging
+from typing import Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from .api import gemv
+from .api import GemvWeights
 from .reference import quantize
 from .trace import trace
 
+log = logging.getLogger("int4jit")
+# The CPU path keeps the dequantised weight of a module up to this size (and dequantises once).
+CPU_DENSE_CACHE_BYTES = 1 << 30
 
-def _unpack_dequantize(w: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, dtype) -> torch.Tensor:
-    """Canonical int4 tensors -> dense [N, K] weight in `dtype`, on their device."""
+
+def _unpack_dequantize(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], dtype) -> torch.Tensor:
+    """Canonical int4 tensors -> dense [N, K] weight in `dtype`, on their device (one pass)."""
     q = torch.stack((w & 0xF, w >> 4), dim=-1).reshape(w.shape[0], -1).to(torch.float32)
     g = q.shape[1] // scales.shape[1]
     z = torch.full_like(scales, 8, dtype=torch.float32) if zeros is None else zeros.to(torch.float32)
-    deq = (q - z.repeat_interleave(g, dim=1)) * scales.to(torch.float32).repeat_interleave(g, dim=1)
-    return deq.to(dtype)
+    deq = (q.view(w.shape[0], -1, g) - z.unsqueeze(-1)) * scales.to(torch.float32).unsqueeze(-1)
+    return deq.reshape(w.shape[0], -1).to(dtype)
 
 
+# -- the custom op ----------------------------------------------------------------------
+_layers: dict[tuple, GemvWeights] = {}
+
+
+def _layer_for(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor]) -> GemvWeights:
+    """The prepared layer of these weight tensors (by storage), made once."""
+    key = (w.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(), tuple(w.shape),
+           tuple(scales.shape), w.device.index)
+    layer = _layers.get(key)
+    if layer is None:
+        layer = _layers[key] = GemvWeights(w, scales, zeros)
+    return layer
+
+
+@torch.library.custom_op("int4jit::gemv", mutates_args=())
+def gemv_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor]) -> torch.Tensor:
+    """y [..., N] float16 = dequant(w) @ x for one float16 token x [..., K] on the GPU."""
+    return _layer_for(w, scales, zeros)(x.reshape(-1)).reshape(*x.shape[:-1], w.shape[0])
+
+
+@gemv_op.register_fake
+def _(x, w, scales, zeros):
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+# -- the module -------------------------------------------------------------------------
 class Int4Linear(nn.Module):
-    """nn.Linear with INT4 weights in int4jit's canonical layout, uploaded once.
+    """nn.Linear with INT4 weights in int4jit's canonical layout.
 
-    forward on [..., K] with exactly one token and float16 activations on the GPU runs
-    int4jit.gemv on torch's current stream, zero-copy (graph capture works). Anything else
-    (several tokens, other dtypes, the CPU) dequantises and uses torch.matmul: correct, slower,
-    and traced when INT4JIT_TRACE is on."""
+    forward on [..., K] with one token on the GPU runs the int4jit kernel on torch's current stream
+    (graph capture works): float16 directly; bfloat16 through float16 (the product is exact in fp32;
+    activations beyond float16's range, |x| > 65504, saturate). Several tokens dequantise once per
+    call on the GPU and use torch.matmul; on the CPU the dequantised weight is kept per module
+    (up to CPU_DENSE_CACHE_BYTES). The first fallback of a module logs a warning naming why."""
 
     def __init__(self, w, scales, zeros=None, bias=None):
         super().__init__()
@@ -39,43 +79,66 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(as_t(bias).detach().clone(), requires_grad=False)
         self.out_features, self.in_features = self.w.shape[0], 2 * self.w.shape[1]
         self.group_size = self.in_features // self.scales.shape[1]
+        self._layer: Optional[GemvWeights] = None
+        self._dense: Optional[torch.Tensor] = None
+        self._warned = False
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, symmetric: bool = False) -> "Int4Linear":
-        W = linear.weight.detach().to(torch.float32).cpu().numpy()
-        w, s, z = quantize(W, group_size, symmetric)
-        dev = linear.weight.device
+        """Quantise on the layer's own device (GPU weights never leave it)."""
+        w, s, z = quantize(linear.weight.detach(), group_size, symmetric)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float16)
-        mod = cls(w, s, z, bias)
-        return mod.to(dev)
+        return cls(w, s, z, bias).to(linear.weight.device)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"symmetric={self.zeros is None}, bias={self.bias is not None}")
 
+    def _prepared(self) -> GemvWeights:
+        layer = self._layer
+        if layer is None or layer.w is not self.w:  # made once; again after .to()/.cuda()
+            layer = self._layer = GemvWeights(self.w, self.scales, self.zeros)
+        return layer
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
+        if x.is_cuda and x.numel() == self.in_features and x.dtype in (torch.float16, torch.bfloat16):
+            xh = x if x.dtype == torch.float16 else x.to(torch.float16)
+            if torch.compiler.is_compiling():
+                y = torch.ops.int4jit.gemv(xh, self.w, self.scales, self.zeros)
+            else:
+                y = self._prepared()(xh.reshape(self.in_features) if xh.is_contiguous() else xh.reshape(-1).contiguous())
+            y = y.reshape(*x.shape[:-1], self.out_features)
+            if x.dtype != torch.float16:
+                y = y.to(x.dtype)
+            return y if self.bias is None else y + self.bias.to(y.dtype)
+        return self._fallback(x)
+
+    def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.numel() // self.in_features
-        if tokens == 1 and x.is_cuda and x.dtype == torch.float16 and self.w.is_cuda:
-            xv = x.reshape(self.in_features)
-            if not xv.is_contiguous():
-                xv = xv.contiguous()
-            y = gemv(xv, self.w, self.scales, self.zeros, out=xv.new_empty(self.out_features))
-            if self.bias is not None:
-                y = y + self.bias
-            return y.reshape(*x.shape[:-1], self.out_features)
-        trace("Int4Linear %dx%d: %d tokens, %s on %s -> dequantise + torch.matmul", self.out_features,
-              self.in_features, tokens, x.dtype, x.device)
-        W = _unpack_dequantize(self.w, self.scales, self.zeros, x.dtype)
+        if not self._warned and not torch.compiler.is_compiling():
+            self._warned = True
+            why = ("several tokens (prefill)" if tokens > 1 else f"{x.dtype} activations") if x.is_cuda else "the CPU"
+            (trace if x.is_cuda and tokens > 1 else log.warning)(
+                "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d tokens, %s on %s)",
+                self.out_features, self.in_features, why, tokens, x.dtype, x.device)
+        if not x.is_cuda:
+            W = self._dense
+            if W is None or W.dtype != x.dtype:
+                W = _unpack_dequantize(self.w, self.scales, self.zeros, x.dtype)
+                if W.numel() * W.element_size() <= CPU_DENSE_CACHE_BYTES:
+                    self._dense = W
+        else:
+            W = _unpack_dequantize(self.w, self.scales, self.zeros, x.dtype)
         y = torch.matmul(x, W.t())
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
 def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = False, skip=()) -> nn.Module:
-    """Replace every nn.Linear in `model` (in place) by an Int4Linear, except those whose
-    qualified name matches a pattern in `skip` (fnmatch, e.g. 'lm_head' or '*.attn.*') or
-    whose in_features is not a multiple of group_size (kept, and traced)."""
+    """Replace every nn.Linear in `model` (in place) by an Int4Linear, quantised on its own device,
+    except those whose qualified name matches a pattern in `skip` (fnmatch, e.g. 'lm_head' or
+    '*.attn.*') or whose in_features is not a multiple of group_size (kept, and traced)."""
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name

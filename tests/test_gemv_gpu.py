@@ -75,11 +75,11 @@ MMA_CASES = [(N, K, g, sym) for N in (1, 7, 4097) for K in (32, 96, 4096, 17920)
              for sym in (True, False) if K % g == 0]
 
 
-@pytest.mark.parametrize("kernel", ["tc", "mma"])
+@pytest.mark.parametrize("kernel", ["tc", "simt"])
 @pytest.mark.parametrize("N,K,group,symmetric", MMA_CASES)
 def test_tensor_core_kernel_against_reference(N, K, group, symmetric, kernel, monkeypatch):
-    """Both tensor-core kernels (INT4JIT_KERNEL=tc, the default for N >= 2048 on sm_80+, and the
-    opt-in mma) compute the same function, down to N = 1 and K = one 32-element chunk."""
+    """Both kernels (INT4JIT_KERNEL=tc, the default for N >= 2048 on sm_80+, and simt) compute
+    the same function, down to N = 1 and K = one 32-element chunk."""
     monkeypatch.setenv("INT4JIT_KERNEL", kernel)
     monkeypatch.setenv("INT4JIT_TUNE", "0")
     rng = np.random.default_rng()
@@ -87,7 +87,7 @@ def test_tensor_core_kernel_against_reference(N, K, group, symmetric, kernel, mo
     assert rel_error(run_torch(x, w, s, z), chunked_reference(x, w, s, z), few_outputs_floor(x, w, s, z)) <= TOL
 
 
-@pytest.mark.parametrize("kernel", ["tc", "mma"])
+@pytest.mark.parametrize("kernel", ["tc", "simt"])
 @pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
 @pytest.mark.parametrize("K,group", [(2080, 16), (4096, 32)])  # a partial last step; whole steps (paired scale loads)
 def test_tensor_core_kernel_every_grid_point(cfg, kernel, K, group, monkeypatch):
@@ -176,19 +176,34 @@ def test_mismatched_device_mix_rejected_before_launch():
         int4jit.gemv(t.from_numpy(x).cuda(), w, s, z)
 
 
+VARIANTS = ["", "streaming=1", "streaming=1,raw_a=1", "kcluster=2", "one_wave=1", "loads=8", "prefetch=0",
+            "prefetch=2", "streaming=1,kcluster=2,loads=8"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("N,K,group,symmetric,cfg", [(4096, 4096, 128, False, "128,4"), (3001, 2080, 16, True, "256,2"),
+                                                     (5120, 17920, 32, False, "256,8"), (28672, 4096, 128, True, "128,8")])
+def test_every_variant_against_reference(N, K, group, symmetric, cfg, variant):
+    """Each variant field of the tc kernel (data the tuner searches) computes the same function."""
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, N, K, group, symmetric)
+    y = run_torch(x, w, s, z, config=cfg + ("," + variant if variant else ""))
+    assert rel_error(y, chunked_reference(x, w, s, z)) <= TOL
+
+
 def test_autotune_stores_the_winner_and_reuses_it(monkeypatch):
-    from int4jit import backends, compiler, tuner
+    from int4jit import backends, plan, tuner
     from int4jit.shapes import GemvShape
     from int4jit.tuning_db import TuningDB
     dev = backends.device()
     shape = GemvShape(3000, 2048, 64, False)
-    sel = tuner.select_config(shape, dev.arch, dev)
-    assert sel.tier == "tuned"
-    rec = TuningDB(dev.arch).get(shape, compiler.template_hash())
-    assert rec is not None and rec.config == sel.config and len(rec.candidates) == 9
+    p = plan.plan(shape, dev.arch, dev)
+    assert p.tier == "tuned"
+    rec = TuningDB(dev.arch).get(tuner.db_key(shape, p.spec.kernel), tuner.db_context(p.spec.kernel, dev.arch, dev))
+    assert rec is not None and rec.config["BS"] == p.spec.config.BS and len(rec.candidates) >= 9
     times = {k: v for k, v in rec.candidates.items() if v is not None}
     assert rec.us == min(times.values()) and all(v > 0 for v in times.values())
-    assert tuner.select_config(shape, dev.arch, dev).tier == "db"
+    assert plan.plan(shape, dev.arch, dev).tier == "db"
     # gemv uses the stored winner and is right
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, 3000, 2048, 64, False)
@@ -269,3 +284,63 @@ def test_large_problems(N, K, group):
     x, w, s, z = random_problem(rng, N, K, group, False)
     y = run_torch(x, w, s, z)
     assert rel_error(y, chunked_reference(x, w, s, z, rows=8192)) <= TOL
+
+
+def test_chain_of_pdl_launches_equals_per_call_results():
+    """A decode-like chain in one graph (each GEMV's x is the previous one's y, PDL between them,
+    weights prefetched before the wait) gives exactly the per-call results."""
+    t = _torch()
+    rng = np.random.default_rng()
+    dims = [4096, 6144, 4096, 14336, 4096, 2048, 4096]  # y of one layer is x of the next
+    layers = []
+    for K, N in zip(dims[:-1], dims[1:]):
+        host = random_problem(rng, N, K, 128, False)
+        layers.append((host, tuple(None if a is None else t.from_numpy(a).cuda() for a in host)))
+    x0 = t.from_numpy(rng.standard_normal(dims[0]).astype(np.float16) * 0.1).cuda()
+    outs = [t.empty(N, dtype=t.float16, device="cuda") for N in dims[1:]]
+
+    def chain():
+        x = x0
+        for (_, (_, w, s, z)), out in zip(layers, outs):
+            int4jit.gemv(x, w, s, z, out=out)
+            x = out
+    chain()
+    t.cuda.synchronize()
+    expected = [o.clone() for o in outs]
+    x = x0
+    for (host, (_, w, s, z)), e in zip(layers, expected):  # each step against the reference
+        ref = int4jit.reference_gemv(x.cpu().numpy(), host[1], host[2], host[3])
+        assert rel_error(e.cpu().numpy(), ref) <= TOL
+        x = e
+    s = t.cuda.Stream()
+    g = t.cuda.CUDAGraph()
+    with t.cuda.graph(g, stream=s):
+        chain()
+    for o in outs:
+        o.fill_(float("nan"))
+    g.replay()
+    t.cuda.synchronize()
+    for o, e in zip(outs, expected):
+        assert t.equal(o, e)
+
+
+def test_gemv_weights_new_tensors_every_call():
+    """GemvWeights (the per-layer path Int4Linear uses): a new x and out every call, right each time;
+    bad x refused naming it."""
+    t = _torch()
+    rng = np.random.default_rng()
+    (x, w, s, z), (xt, wt, st, zt), _ = device_problem(rng, 4096, 4096, 128)
+    layer = int4jit.GemvWeights(wt, st, zt)
+    for _ in range(3):
+        x2 = rng.standard_normal(4096).astype(np.float16)
+        y = layer(t.from_numpy(x2).cuda())
+        t.cuda.synchronize()
+        assert rel_error(y.cpu().numpy(), int4jit.reference_gemv(x2, w, s, z)) <= TOL
+    with pytest.raises(TypeError, match="x must be float16"):
+        layer(t.zeros(4096, dtype=t.float32, device="cuda"))
+    with pytest.raises(ValueError, match="x must be"):
+        layer(t.zeros(4095, dtype=t.float16, device="cuda"))
+    bad = zt.clone()
+    bad[0, 0] = 200
+    with pytest.raises(ValueError, match="zero points 0..15"):
+        int4jit.GemvWeights(wt, st, bad)

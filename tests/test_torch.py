@@ -85,3 +85,35 @@ def test_gemv_on_converted_weights(tmp_path):
     x[:K] = rng.standard_normal(K)
     y = int4jit.gemv(x, w, s, z)
     assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) < 2e-3
+
+
+def test_cpu_fallback_warns_once_and_keeps_the_dense_weight(caplog):
+    """On the CPU, Int4Linear dequantises once per module (kept), warns once naming why, and is right."""
+    import logging
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 64, bias=True)
+    q = Int4Linear.from_linear(lin, group_size=32)
+    W = torch.from_numpy(int4jit.dequantize(q.w.numpy(), q.scales.numpy(), q.zeros.numpy())).float()
+    x = torch.randn(3, 256)
+    with caplog.at_level(logging.WARNING, logger="int4jit"):
+        y1 = q(x)
+        y2 = q(torch.randn(1, 256))
+    assert len([r for r in caplog.records if "Int4Linear 64x256" in r.getMessage()]) == 1
+    assert "the CPU" in caplog.records[0].getMessage()
+    assert q._dense is not None and q._dense.shape == (64, 256)
+    ref = x.double() @ W.double().t() + lin.bias.detach().to(torch.float16).double()
+    assert torch.allclose(y1.double(), ref, rtol=1e-4, atol=1e-4)
+    assert y2.shape == (1, 64)
+
+
+def test_custom_op_is_registered_with_a_fake_implementation():
+    """torch.compile traces torch.ops.int4jit.gemv through its fake implementation: the output
+    shape [..., N] and dtype of x, on x's device, without running anything."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    assert hasattr(torch.ops.int4jit, "gemv")
+    with FakeTensorMode():
+        x = torch.empty(1, 1, 4096, dtype=torch.float16)
+        w = torch.empty(512, 2048, dtype=torch.uint8)
+        s = torch.empty(512, 32, dtype=torch.float16)
+        y = torch.ops.int4jit.gemv(x, w, s, None)
+        assert y.shape == (1, 1, 512) and y.dtype == torch.float16
