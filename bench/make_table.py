@@ -4,9 +4,9 @@ heuristic can be scored against the winners (bench/score_heuristic.py).
 
     python3 bench/make_table.py [--out-dir DIR]      # needs a GPU; merges into table.json
 
-TODO(api): this script still reaches into int4jit internals (tuner.autotune(shape, dev,
-exhaustive=True) and its record's .candidates/.BS/.TN/.us, tuner.TABLE_PATH, backends.device(),
-shapes.GemvShape.key()). It needs a public tuning API that returns, per shape, the winning
+TODO(api): this script still reaches into int4jit internals (plan.target, tuner.autotune(shape,
+kernel, dev, exhaustive=True) -> (record with .candidates/.us/.config, winning spec),
+tuner.TABLE_PATH, backends.device(), GemvShape.key()/.weight_bytes). It needs a public tuning API that returns, per shape, the winning
 spec (config + variant record) and every candidate's time, and a public way to write a
 table.json row -- e.g. `int4jit tune N K --exhaustive --json` and `int4jit table merge FILE`.
 Switch to those once the planner refactor (issue 17) lands; until then keep it working as is.
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from int4jit import backends, tuner  # noqa: E402
+from int4jit import backends, plan, tuner  # noqa: E402
 from int4jit.shapes import GemvShape  # noqa: E402
 
 SUITE = {
@@ -56,10 +56,13 @@ def main():
                 for sym in {"both": (False, True), "asym": (False,), "sym": (True,)}[args.symmetry]:
                     shape = GemvShape(N, K, g, sym)
                     t0 = time.perf_counter()
-                    rec = tuner.autotune(shape, dev, exhaustive=True)
-                    rows[shape.key()] = {"config": [rec.BS, rec.TN], "us": round(rec.us, 3), "model": model}
+                    _, kernel, pdl = plan.target(shape, dev.arch, dev)
+                    rec, best = tuner.autotune(shape, kernel, dev, exhaustive=True, pdl=pdl)
+                    variant = {k: v for k, v in rec.config.items() if k not in ("BS", "TN")}
+                    rows[shape.key()] = {"config": [best.config.BS, best.config.TN], "us": round(rec.us, 3),
+                                         "model": model, **({"variant": variant} if variant else {})}
                     detail["records"][shape.key()] = rec.candidates
-                    print(f"{model:13s} {shape.key():24s} -> {rec.config} {rec.us:8.2f} us "
+                    print(f"{model:13s} {shape.key():24s} -> {best.label()} {rec.us:8.2f} us "
                           f"({shape.weight_bytes / rec.us / 1e3:5.0f} GB/s) tuned in {time.perf_counter() - t0:.1f} s",
                           flush=True)
                     write(args, table, detail, dev.arch)  # after every shape: a cut-off run keeps its rows

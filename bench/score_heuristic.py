@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from int4jit import tuner  # noqa: E402
+from int4jit import plan, tuner  # noqa: E402
 from int4jit.shapes import GemvShape, candidate_grid  # noqa: E402
 
 
@@ -34,7 +34,8 @@ def score(path: Path):
         for key, cands in sorted(doc["records"].items()):
             times = {c: t for c, t in cands.items() if t is not None and c in grid}
             best = min(times.values())
-            pick = str(tuner.heuristic(parse_key(key), arch, exhaustive=exhaustive))
+            shape = parse_key(key)
+            pick = str(tuner.heuristic(shape, arch, plan.target(shape, arch)[1], exhaustive=exhaustive))
             t = times.get(pick, float("inf"))
             exact += t == best
             near += t <= 1.05 * best
