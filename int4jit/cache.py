@@ -290,7 +290,7 @@ class CodeObjectInfo:
     valid: bool
 
 
-_KERNEL = re.compile(rb"int4jit_gemv_[A-Za-z0-9_]+")
+_KERNEL = re.compile(rb"int4jit_[a-z0-9]+_n[0-9]+_k[0-9]+_g[0-9]+[as]_bs[0-9]+_tn[0-9]+")
 _AMD_ARCH = re.compile(rb"amdgcn-amd-amdhsa--(gfx[0-9a-f]+)")
 _NV_ARCH = re.compile(rb"(sm_[0-9]{2,3}[af]?)(?![0-9A-Za-z])")
 

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
+import os
+import re
 import sys
 import time
 
 import numpy as np
 
-from . import backends, cache, compiler, plan, tuner
+from . import backends, cache, compiler, env, plan, tuner
 from ._version import __version__
 from .errors import BackendUnavailable, CompileError, Int4JitError
 from .reference import dequantize, random_problem, reference_gemv
@@ -19,27 +19,62 @@ DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
 DEFAULT_TARGETS = ["sm_90", "gfx90a", "gfx1030"]
 
 
+MAX_DIM = (1 << 31) - 1
+
+
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     shapes = []
-    for tok in text.replace(";", ",").replace(" ", ",").split(","):
+    for tok in text.replace(";", ",").replace(" ", ",").replace("\t", ",").split(","):
         tok = tok.strip()
         if not tok:
             continue
         n, sep, k = tok.lower().partition("x")
-        if not sep or not n.isdigit() or not k.isdigit():
-            raise argparse.ArgumentTypeError(f"bad shape {tok!r}: expected NxK, e.g. 4096x4096")
+        if not sep or not (n + k).isascii() or not n.isdigit() or not k.isdigit():
+            raise argparse.ArgumentTypeError(f"bad shape {tok[:60]!r}: expected NxK, e.g. 4096x4096")
+        if not (0 < int(n) <= MAX_DIM and 0 < int(k) <= MAX_DIM):
+            raise argparse.ArgumentTypeError(f"bad shape {tok[:60]!r}: N and K must be 1 to {MAX_DIM}")
         shapes.append((int(n), int(k)))
+    return shapes
+
+
+MAX_SHAPES_FILE = 1 << 20
+
+
+def _read_shapes_file(path: str) -> list[tuple[int, int]]:
+    """NxK shapes from a text file; a ValueError naming the file (and line) for anything else."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SHAPES_FILE + 1)
+    except OSError as e:
+        raise ValueError(f"--shapes-file {path}: cannot read it ({e.strerror or e})") from None
+    if len(raw) > MAX_SHAPES_FILE:
+        raise ValueError(f"--shapes-file {path}: over {MAX_SHAPES_FILE} bytes; not a list of shapes")
+    try:
+        text = raw.decode("utf-8")
+        if "\0" in text:
+            raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
+    except UnicodeDecodeError:
+        raise ValueError(f"--shapes-file {path}: not a text file (expected NxK shapes, one or more per line)") from None
+    shapes = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            try:
+                shapes += parse_shapes(line)
+            except argparse.ArgumentTypeError as e:
+                raise ValueError(f"--shapes-file {path}, line {number}: {e}") from None
     return shapes
 
 
 def _shapes_from(args) -> list[tuple[int, int]]:
     shapes = list(args.shapes or [])
     if getattr(args, "shapes_file", None):
-        with open(args.shapes_file) as f:
-            for line in f:
-                line = line.split("#", 1)[0].strip()
-                if line:
-                    shapes += parse_shapes(line)
+        shapes += _read_shapes_file(args.shapes_file)
+    for N, K in shapes:  # every shape checked before any work starts
+        try:
+            GemvShape(N, K, args.group, args.symmetric)
+        except ValueError as e:
+            raise ValueError(f"shape {N}x{K} with --group {args.group}: {e}") from None
     return shapes
 
 
@@ -74,8 +109,9 @@ def cmd_run(args) -> int:
     shapes = _shapes_from(args) or DEFAULT_SHAPES
     rng = np.random.default_rng()
     if not backends.gpu_available():
-        print(f"int4jit {__version__}: no GPU here; compiling for {', '.join(args.arch or DEFAULT_TARGETS)} "
-              f"and checking the reference")
+        print(f"int4jit {__version__}: no GPU here, so no kernel runs. Compiling for "
+              f"{', '.join(args.arch or DEFAULT_TARGETS)} (a compile or a code-cache hit per row).")
+        before = {p.name for p in cache.code_dir().glob("*/*.bin")}
         rows, worst, failures = [], 0.0, []
         for N, K in shapes:
             shape = GemvShape(N, K, args.group, args.symmetric)
@@ -86,15 +122,19 @@ def cmd_run(args) -> int:
                     ck = compiler.build(p.spec)
                 except Int4JitError as e:  # e.g. no hiprtc here: report it, keep the other targets
                     failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
-                    rows.append((f"{N}x{K}", arch, p.spec.label(), "FAILED", "-", "-"))
+                    rows.append((f"{N}x{K}", arch, p.spec.label(), p.tier, "FAILED", "-", "-"))
                     continue
-                rows.append((f"{N}x{K}", arch, p.spec.label(), p.tier, f"{len(ck.binary)}",
+                built = "cache hit" if f"{getattr(ck, 'key', '')}.bin" in before else "compiled"
+                rows.append((f"{N}x{K}", arch, p.spec.label(), p.tier, built, f"{len(ck.binary)}",
                              f"{1e3 * (time.perf_counter() - t0):.0f}"))
             x, w, s, z = random_problem(GemvShape(min(N, 256), K, args.group, args.symmetric), rng)
             err = _rel_err(dequantize(w, s, z).astype(np.float64) @ x.astype(np.float64), reference_gemv(x, w, s, z))
             worst = max(worst, err)
-        _print_table(["shape", "arch", "BS,TN", "tier", "bytes", "ms"], rows)
-        print(f"reference check (float64 reference vs dequantise+matmul): worst relative error {worst:.1e}")
+        _print_table(["shape", "arch", "BS,TN", "tier", "build", "bytes", "ms"], rows)
+        print(f"checked: the kernels compile for each target above; on the CPU, the float64 reference "
+              f"against dequantise + matmul (worst relative error {worst:.1e}): the reference and dequantisation, "
+              f"not the kernels.")
+        print("not checked: the kernels' results and speed (they need a GPU: run this command on one).")
         for f in failures:
             print(f"int4jit: {f}", file=sys.stderr)
         return 0 if worst < 1e-6 and not failures else 1
@@ -214,74 +254,197 @@ def cmd_tune(args) -> int:
 
 
 # -- cache -----------------------------------------------------------------------------------
+_KERNEL_NAME = re.compile(r"^int4jit_([a-z0-9]+)_n([0-9]+)_k([0-9]+)_g([0-9]+)([as])_bs([0-9]+)_tn([0-9]+)$")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _cache_list() -> int:
+    from .tuning_db import TuningDB, is_db_name
+    print(f"cache dir: {cache.cache_dir()}")
+    db_root = cache.db_dir()
+    dbs = sorted(p for p in db_root.glob("*.json") if is_db_name(p.name)) if db_root.is_dir() else []
+    rows = []
+    for path in dbs:
+        for key, e in sorted(TuningDB(path.stem).entries().items()):
+            config = ",".join(f"{k}={v}" if k not in ("BS", "TN") else str(v) for k, v in e["config"].items())
+            rows.append((key, path.stem, config, f"{e['us']:.2f}", e["date"][:19]))
+    print(f"tuning DB: {len(rows)} entries in {len(dbs)} file(s)")
+    if rows:
+        _print_table(["key", "arch", "config", "us", "date"], rows)
+    objects = cache.list_code_objects()
+    print(f"code objects: {len(objects)} ({_size(sum(o.size for o in objects))}) in {cache.code_dir()}")
+    rows = []
+    for o in objects:
+        m = _KERNEL_NAME.match(o.kernel)
+        shape, config, kernel = ((f"{m[2]}x{m[3]} g{m[4]} {'sym' if m[5] == 's' else 'asym'}", f"{m[6]},{m[7]}", m[1])
+                                 if m else ("?", "?", "?"))
+        rows.append((o.key[:12], shape, o.arch, kernel, config, _size(o.size), "ok" if o.valid else "CORRUPT"))
+    if rows:
+        _print_table(["code object", "shape", "arch", "kernel", "BS,TN", "size", "check"], rows)
+    return 0
+
+
+def _cache_clear() -> int:
+    removed, left = cache.clear_cache()
+    print(f"removed {len(removed)} file(s) int4jit wrote from {cache.cache_dir()}")
+    if left:
+        print(f"left {len(left)} file(s) int4jit did not write:")
+        for p in left[:20]:
+            print(f"  {p}")
+        if len(left) > 20:
+            print(f"  ... and {len(left) - 20} more")
+    return 0
+
+
 def cmd_cache(args) -> int:
     from . import archive
     if args.action == "path":
         print(cache.cache_dir())
     elif args.action == "list":
-        for path in sorted(cache.db_dir().glob("*.json")):
-            entries = tuner.TuningDB(path.stem).entries()
-            print(f"{path.stem}: {len(entries)} tuned shapes ({path})")
-            for key, e in sorted(entries.items()):
-                print(f"  {key:28s} {e.get('BS')},{e.get('TN')}  {e.get('us', 0):.2f} us  {e.get('date', '')}")
-        files, size = cache.dir_size(cache.code_dir())
-        print(f"code objects: {files} files, {size / 1e6:.1f} MB in {cache.code_dir()}")
+        return _cache_list()
     elif args.action == "clear":
-        for path in (cache.code_dir(), cache.db_dir()):
-            shutil.rmtree(path, ignore_errors=True)
-        print(f"cleared {cache.cache_dir()}")
+        return _cache_clear()
     elif args.action == "export":
-        n = archive.export_cache(args.file)
-        print(f"exported {n} files to {args.file}")
+        try:
+            n = archive.export_cache(args.file)
+        except OSError as e:
+            raise ValueError(f"cache export: cannot write {args.file} ({e.strerror or e})") from None
+        print(f"exported {n} file(s) (code objects and tuning DBs) to {args.file}")
     elif args.action == "import":
-        summary = archive.import_cache(args.file)
-        print(json.dumps(summary))
+        try:
+            s = archive.import_cache(args.file)
+        except archive.ArchiveError as e:
+            raise ValueError(f"cache import: {e}; the cache was not changed") from None
+        print(f"imported {args.file} into {cache.cache_dir()}: {s['code_objects_added']} code object(s) added "
+              f"({s['code_objects_present']} already present), {s['tuning_entries_merged']} tuning entr"
+              f"{'y' if s['tuning_entries_merged'] == 1 else 'ies'} merged"
+              + (f" into {', '.join(s['tuning_dbs'])}" if s["tuning_dbs"] else ""))
+        for note in s["skipped"]:
+            print(f"  skipped {note}")
     return 0
+
+
+SHAPE_OPTIONS = {"shapes": None, "shapes_file": None, "group": 128, "symmetric": False, "arch": None}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="int4jit", description="JIT-compiled, autotuned M=1 INT4 GEMV. "
-                                "With no command: compile, run and check a default workload.")
+                                "With no command: compile, run and check a default workload (without a GPU: "
+                                "compile it for --arch targets and check the reference on the CPU).")
     p.add_argument("--version", action="version", version=f"int4jit {__version__}")
 
-    def shape_opts(q, with_arch=True):
-        q.add_argument("--shapes", type=parse_shapes, help="NxK list, e.g. 4096x4096,28672x4096")
-        q.add_argument("--shapes-file", help="file with NxK shapes (one or more per line, # comments)")
-        q.add_argument("--group", type=int, default=128, choices=(16, 32, 64, 128, 256))
-        q.add_argument("--symmetric", action="store_true", help="no zero points (zero point 8)")
-        if with_arch:
-            q.add_argument("--arch", action="append", help="target for compile-only work (repeatable), "
-                           "e.g. sm_90, gfx90a, gfx1151")
+    def shape_opts(q, top=False):
+        # Given before a subcommand, these land in top_* (so a subcommand's defaults cannot hide
+        # them); main() hands them to warm or refuses them.
+        dest = (lambda n: "top_" + n) if top else (lambda n: n)
+        default = (lambda v: argparse.SUPPRESS) if top else (lambda v: v)
+        q.add_argument("--shapes", type=parse_shapes, dest=dest("shapes"), default=default(None), metavar="NxK,...",
+                       help="shapes to work on, NxK separated by commas, e.g. 4096x4096,28672x4096")
+        q.add_argument("--shapes-file", dest=dest("shapes_file"), default=default(None), metavar="FILE",
+                       help="text file of NxK shapes, one or more per line, '#' starts a comment")
+        q.add_argument("--group", type=int, choices=(16, 32, 64, 128, 256), dest=dest("group"), default=default(128),
+                       help="quantisation group size along K (default 128)")
+        q.add_argument("--symmetric", action="store_true", dest=dest("symmetric"), default=default(False),
+                       help="symmetric weights: no zero points (zero point 8)")
+        q.add_argument("--arch", action="append", dest=dest("arch"), default=default(None), metavar="TARGET",
+                       help="target to compile for without a GPU, repeatable: sm_80, sm_90 (NVRTC), gfx90a, "
+                            "gfx908, gfx1030, gfx900 (Debian's ROCm 5.2); gfx942, gfx11xx, gfx12xx need a newer "
+                            f"ROCm (default {', '.join(DEFAULT_TARGETS)})")
 
-    shape_opts(p)
+    shape_opts(p, top=True)
     p.set_defaults(func=cmd_run)
-    sub = p.add_subparsers(dest="command")
-    sub.add_parser("info", help="backend, device, compilers, cache").set_defaults(func=cmd_info)
-    w = sub.add_parser("warm", help="tune (or compile only) a list of shapes into the caches")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("info", help="backends, compilers, device and cache locations",
+                   description="Show the backends, their compilers, the device and the cache.").set_defaults(func=cmd_info)
+    w = sub.add_parser("warm", help="tune (or compile only) a list of shapes into the caches",
+                       description="Fill the caches for a list of shapes: tune and compile on this GPU, or with "
+                                   "--compile-only compile for --arch targets without one.")
     shape_opts(w)
-    w.add_argument("--exhaustive", action="store_true", help="search the 20-point grid")
-    w.add_argument("--compile-only", action="store_true", help="no GPU: compile what tiers 1-3 or the heuristic pick")
+    w.add_argument("--exhaustive", action="store_true", help="search the 20-point grid (BS 32-512 x TN 2-16)")
+    w.add_argument("--compile-only", action="store_true",
+                   help="no GPU: compile what the override, tuning DB, shipped table or heuristic pick, and the "
+                        "candidates tuning would try")
     w.set_defaults(func=cmd_warm)
-    t = sub.add_parser("tune", help="tune one shape and print every candidate")
-    t.add_argument("N", type=int)
-    t.add_argument("K", type=int)
-    t.add_argument("--group", type=int, default=128, choices=(16, 32, 64, 128, 256))
-    t.add_argument("--symmetric", action="store_true")
-    t.add_argument("--exhaustive", action="store_true")
+    t = sub.add_parser("tune", help="tune one shape on this GPU and print every candidate",
+                       description="Benchmark every candidate for one shape on this GPU and store the winner.")
+    t.add_argument("N", type=int, help="output rows (weight rows)")
+    t.add_argument("K", type=int, help="input length (weight columns)")
+    t.add_argument("--group", type=int, default=128, choices=(16, 32, 64, 128, 256),
+                   help="quantisation group size along K (default 128)")
+    t.add_argument("--symmetric", action="store_true", help="symmetric weights: no zero points (zero point 8)")
+    t.add_argument("--exhaustive", action="store_true", help="search the 20-point grid (BS 32-512 x TN 2-16)")
     t.set_defaults(func=cmd_tune)
-    c = sub.add_parser("cache", help="path | list | clear | export FILE | import FILE")
-    c.add_argument("action", choices=("path", "list", "clear", "export", "import"))
-    c.add_argument("file", nargs="?")
+    c = sub.add_parser("cache", help="path | list | clear | export FILE | import FILE",
+                       description="path: print the cache dir; list: its tuning entries and code objects; clear: "
+                                   "remove the files int4jit wrote (others stay); export FILE: write code objects "
+                                   "and tuning DBs to a .tar.gz; import FILE: check such an archive, then merge it.")
+    c.add_argument("action", choices=("path", "list", "clear", "export", "import"), help="what to do")
+    c.add_argument("file", nargs="?", metavar="FILE", help="the archive, for export and import")
     c.set_defaults(func=cmd_cache)
+    try:
+        from . import inspection
+    except ImportError:
+        inspection = None
+    if inspection is not None and hasattr(inspection, "add_arguments") and hasattr(inspection, "run"):
+        i = sub.add_parser("inspect", help="what the compiled kernels are: registers, spills, occupancy, loads",
+                           description="Build kernels and report facts read from their code objects.")
+        inspection.add_arguments(i)
+        i.set_defaults(func=inspection.run)
     return p
+
+
+def _apply_top_level_options(parser, args):
+    """Options given before the subcommand: the main command's own; handed to warm, which has
+    the same ones; refused elsewhere (argparse would silently drop them)."""
+    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("top_")}
+    for k in list(vars(args)):
+        if k.startswith("top_"):
+            delattr(args, k)
+    command = getattr(args, "command", None)
+    if command is None:
+        for k, default in SHAPE_OPTIONS.items():
+            setattr(args, k, given.get(k, default))
+        return
+    if not given:
+        return
+    flags = ", ".join("--" + k.replace("_", "-") for k in given)
+    if command != "warm":
+        parser.error(f"{flags} given before '{command}', which does not take it; "
+                     f"options go after the command (int4jit {command} --help)")
+    for k, v in given.items():
+        mine = getattr(args, k)
+        if k in ("shapes", "arch"):
+            setattr(args, k, (v or []) + (mine or []))
+        elif mine == SHAPE_OPTIONS[k]:
+            setattr(args, k, v)
+        elif mine != v:
+            parser.error(f"--{k.replace('_', '-')} given twice, before and after 'warm', with different values")
+
+
+def _check_environment():
+    """Every int4jit variable parsed now, whichever command runs: a bad value is an error."""
+    env.check_all()
+    found = env.env_lookup("INT4JIT_CONFIG")
+    if found is not None and found[1].strip():
+        tuner.parse_override(found[1], found[0])
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "action", None) in ("export", "import") and not args.file:
-        parser.error(f"cache {args.action} needs a FILE")
+    _apply_top_level_options(parser, args)
+    action = getattr(args, "action", None)
+    if action in ("export", "import") and not args.file:
+        parser.error(f"cache {action} needs a FILE")
+    if action in ("path", "list", "clear") and args.file:
+        parser.error(f"cache {action} takes no FILE")
     try:
+        _check_environment()
+        for arch in getattr(args, "arch", None) or []:
+            backends.module_for_arch(arch).parse_arch(arch)
         return args.func(args)
     except (ValueError, TypeError) as e:
         print(f"int4jit: {e}", file=sys.stderr)
@@ -289,6 +452,13 @@ def main(argv=None) -> int:
     except Int4JitError as e:  # compiler, driver or cache failure: the message carries the detail
         print(f"int4jit: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a path that cannot be read or written
+        where = f": {e.filename}" if e.filename else ""
+        print(f"int4jit: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("int4jit: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
