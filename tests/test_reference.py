@@ -82,3 +82,155 @@ def test_quantize_constant_groups_are_exact():
 def test_quantize_rejects_bad_input(bad, exc):
     with pytest.raises(exc):
         int4jit.quantize(*bad)
+
+
+# -- M > 1, act-order perm, torch activations ------------------------------------------------
+def _problem(N=7, K=128, group=32, symmetric=False, seed=0):
+    return random_problem(np.random.default_rng(seed), N, K, group, symmetric)
+
+
+@pytest.mark.parametrize("M", [1, 2, 5, 16])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_reference_takes_m_rows(M, symmetric):
+    x, w, s, z = _problem(symmetric=symmetric, seed=M)
+    X = np.random.default_rng(M).standard_normal((M, 128)).astype(np.float16)
+    y = int4jit.reference_gemv(X, w, s, z)
+    assert y.shape == (M, 7) and y.dtype == np.float64
+    for m in range(M):
+        np.testing.assert_allclose(y[m], independent_reference(X[m], w, s, z), rtol=1e-12)
+
+
+def test_reference_x_dtypes_float32_float64():
+    x, w, s, z = _problem()
+    x64 = np.random.default_rng(1).standard_normal(128)
+    np.testing.assert_allclose(int4jit.reference_gemv(x64, w, s, z), independent_reference(x64, w, s, z), rtol=1e-12)
+    x32 = x64.astype(np.float32)
+    np.testing.assert_allclose(int4jit.reference_gemv(x32, w, s, z), independent_reference(x32, w, s, z), rtol=1e-12)
+
+
+def test_reference_takes_torch_activations_bf16_included():
+    torch = pytest.importorskip("torch")
+    x, w, s, z = _problem()
+    X = torch.randn(3, 128)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        xt = X.to(dtype)
+        y = int4jit.reference_gemv(xt, w, s, z)
+        assert y.shape == (3, 7)
+        want = np.stack([independent_reference(r, w, s, z) for r in xt.double().numpy()])
+        np.testing.assert_allclose(y, want, rtol=1e-12)
+    # w, scales, zeros as torch tensors too
+    tw, ts, tz = (torch.from_numpy(a) for a in (w, s, z))
+    np.testing.assert_array_equal(int4jit.reference_gemv(x, tw, ts, tz), int4jit.reference_gemv(x, w, s, z))
+
+
+def test_reference_perm_is_act_order():
+    """y = W @ x[perm]: a GPTQ act-order layer quantised with its columns permuted gives the
+    same output as the unpermuted weights on the unpermuted x."""
+    rng = np.random.default_rng(4)
+    K, N = 128, 9
+    W = rng.standard_normal((N, K))
+    perm = rng.permutation(K).astype(np.int32)
+    Wq = W[:, perm]                        # stored group-contiguous in act order
+    w, s, z = int4jit.quantize(Wq, 32)
+    Wd = int4jit.dequantize(w, s, z).astype(np.float64)
+    x = rng.standard_normal((2, K))
+    y = int4jit.reference_gemv(x, w, s, z, perm=perm)
+    want = np.empty((2, N))
+    for m in range(2):
+        for n in range(N):
+            want[m, n] = sum(Wd[n, k] * x[m, perm[k]] for k in range(K))
+    np.testing.assert_allclose(y, want, rtol=1e-12)
+    # same as the columns put back in place, with x as given
+    inverse = np.argsort(perm)
+    np.testing.assert_allclose(y, x @ Wd[:, inverse].T, rtol=1e-12)
+    identity = np.arange(K, dtype=np.int32)
+    np.testing.assert_allclose(int4jit.reference_gemv(x, w, s, z, perm=identity), int4jit.reference_gemv(x, w, s, z),
+                               rtol=1e-13)
+
+
+@pytest.mark.parametrize("perm,exc,words", [
+    (np.arange(127, dtype=np.int32), ValueError, ["perm", "K=128", "(127,)"]),
+    (np.zeros(128, np.int32), ValueError, ["permutation", "127 repeats"]),
+    (np.arange(1, 129, dtype=np.int32), ValueError, ["permutation", "1..128"]),
+    (np.arange(-1, 127, dtype=np.int32), ValueError, ["permutation", "-1..126"]),
+    (np.arange(128, dtype=np.float32), TypeError, ["perm", "float32"]),
+    (np.arange(128, dtype=np.int32).reshape(2, 64), ValueError, ["perm", "(2, 64)"]),
+])
+def test_reference_refuses_bad_perm(perm, exc, words):
+    x, w, s, z = _problem()
+    with pytest.raises(exc) as e:
+        int4jit.reference_gemv(x, w, s, z, perm=perm)
+    for word in words:
+        assert word in str(e.value), (word, str(e.value))
+
+
+def test_reference_row_blocks_join(monkeypatch):
+    from int4jit import reference
+    x, w, s, z = _problem(N=10, seed=8)
+    whole, deq = int4jit.reference_gemv(x, w, s, z), int4jit.dequantize(w, s, z)
+    monkeypatch.setattr(reference, "_row_block", lambda K: 3)
+    np.testing.assert_array_equal(int4jit.reference_gemv(x, w, s, z), whole)
+    np.testing.assert_array_equal(int4jit.dequantize(w, s, z), deq)
+    np.testing.assert_allclose(whole, independent_reference(x, w, s, z), rtol=1e-12)
+
+
+# -- refusals: dequantize and reference_gemv name the argument, expected and got ------------
+def _bad_cases():
+    x, w, s, z = _problem()
+    zz = z.copy()
+    zz[3, 2] = 200
+    return [
+        ("zeros 200", (w, s, zz), ValueError, ["zeros[3, 2] = 200", "0..15"]),
+        ("zeros -3", (w, s, z.astype(np.int8) - np.int8(3) * (z == 0)), ValueError, ["zeros", "= -3", "0..15"]),
+        ("zeros 2.5", (w, s, z.astype(np.float32) + 0.5), TypeError, ["zeros must be uint8", "float32"]),
+        ("zeros shape", (w, s, z[:, :2]), ValueError, ["zeros must have the shape of scales (7, 4)", "(7, 2)"]),
+        ("zeros 1-d", (w, s, z.reshape(-1)), ValueError, ["zeros", "(28,)"]),
+        ("w int64", (w.astype(np.int64), s, z), TypeError, ["w must be uint8", "int64"]),
+        ("w float", (w.astype(np.float32), s, z), TypeError, ["w must be uint8", "float32"]),
+        ("w None", (None, s, z), TypeError, ["w", "None"]),
+        ("w 0-d", (np.uint8(3), s, z), ValueError, ["w must be 2-D", "0-D"]),
+        ("w 1-d", (w.reshape(-1), s, z), ValueError, ["w must be 2-D", "1-D"]),
+        ("w 3-d", (w.reshape(7, 2, 32), s, z), ValueError, ["w must be 2-D", "3-D"]),
+        ("w empty", (w[:0], s[:0], z[:0]), ValueError, ["w", "N >= 1"]),
+        ("scales None", (w, None, z), TypeError, ["scales", "None"]),
+        ("scales int", (w, s.astype(np.int32), z), TypeError, ["scales", "int32"]),
+        ("scales 1-d", (w, s.reshape(-1), z), ValueError, ["scales must be 2-D", "1-D"]),
+        ("scales 3-d", (w, s.reshape(7, 2, 2), z), ValueError, ["scales must be 2-D", "3-D"]),
+        ("scales rows", (w, s[:6], z[:6]), ValueError, ["scales must be [N, K/g] = [7, K/g]", "(6, 4)"]),
+        ("scales cols", (w, np.ones((7, 3), np.float16), None), ValueError, ["K=128", "(7, 3)"]),
+    ]
+
+
+@pytest.mark.parametrize("name,args,exc,words", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+@pytest.mark.parametrize("fn", ["dequantize", "reference_gemv"])
+def test_refusals_name_the_argument(fn, name, args, exc, words):
+    x = np.ones(128, np.float16)
+    call = (lambda: int4jit.dequantize(*args)) if fn == "dequantize" else (lambda: int4jit.reference_gemv(x, *args))
+    with pytest.raises(exc) as e:
+        call()
+    for word in words:
+        assert word in str(e.value), (word, str(e.value))
+
+
+def test_zero_points_at_the_ends_are_accepted():
+    x, w, s, z = _problem()
+    z[:] = 15
+    z[0, 0] = 0
+    np.testing.assert_allclose(int4jit.reference_gemv(x, w, s, z), independent_reference(x, w, s, z), rtol=1e-12)
+    np.testing.assert_array_equal(int4jit.dequantize(w, s, z.astype(np.int64)), int4jit.dequantize(w, s, z))
+
+
+@pytest.mark.parametrize("x,exc,words", [
+    (np.ones((), np.float16), ValueError, ["x must be [K] or [M, K]", "0-D"]),
+    (np.ones((1, 1, 128), np.float16), ValueError, ["x must be [K] or [M, K]", "3-D"]),
+    (np.ones((0, 128), np.float16), ValueError, ["M >= 1", "(0, 128)"]),
+    (np.ones(127, np.float16), ValueError, ["K=128", "(127,)"]),
+    (np.ones(128, np.int32), TypeError, ["x must be float16", "int32"]),
+    (None, TypeError, ["x", "None"]),
+])
+def test_reference_refuses_bad_x(x, exc, words):
+    _, w, s, z = _problem()
+    with pytest.raises(exc) as e:
+        int4jit.reference_gemv(x, w, s, z)
+    for word in words:
+        assert word in str(e.value), (word, str(e.value))
