@@ -344,3 +344,24 @@ def test_gemv_weights_new_tensors_every_call():
     bad[0, 0] = 200
     with pytest.raises(ValueError, match="zero points 0..15"):
         int4jit.GemvWeights(wt, st, bad)
+
+
+def test_compile_only_warm_covers_tuning(monkeypatch, tmp_path):
+    """`int4jit warm --compile-only` (plan.search_space) compiles every candidate the runtime search
+    measures, variants included: tuning afterwards compiles nothing."""
+    from int4jit import backends, compiler, plan
+    from int4jit.shapes import GemvShape
+    monkeypatch.setenv("INT4JIT_CACHE_DIR", str(tmp_path))
+    dev = backends.device()
+    shape = GemvShape(5000, 3584, 128, False)  # not in table.json
+    space = plan.search_space(shape, dev.arch)
+    assert len(space) > 9  # variants beyond the (BS, TN) grid
+    for spec in space:
+        compiler.build(spec)
+    compiler._memo.clear()
+    mod = backends.module_for_arch(dev.arch)
+    compiles = []
+    real = mod.compile_source
+    monkeypatch.setattr(mod, "compile_source", lambda *a, **k: compiles.append(a[1]) or real(*a, **k))
+    p = plan.plan(shape, dev.arch, dev)
+    assert p.tier == "tuned" and compiles == []
