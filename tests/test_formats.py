@@ -169,9 +169,205 @@ def test_gptq_symmetric_v1_stores_seven():
         int4jit.from_gptq(pack_gptq_weight(q), pack_gptq_zeros(sevens), s, group_size=G, version=2, symmetric=True)
 
 
-def test_gptq_act_order_is_rejected():
+def _true_weights(q_kn, z_gn, s_gn, g_idx):
+    """float64 [N, K] weights of a GPTQ layer as its producers define them: (q - z[g]) * s[g]."""
+    return ((q_kn.astype(np.float64) - z_gn[g_idx]) * s_gn.astype(np.float64)[g_idx]).T
+
+
+def _act_order_g_idx(rng, K, G):
+    order = rng.permutation(K)  # GPTQ desc_act: input order[i] is quantised i-th, into group i // G
+    g_idx = np.empty(K, np.int32)
+    g_idx[order] = np.arange(K) // G
+    return g_idx
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_gptq_act_order_reads_exactly(version, symmetric):
+    rng = np.random.default_rng()
+    K, N, G = 512, 32, 64
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    z = np.full((K // G, N), 8, np.uint8) if symmetric else rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    s = (rng.random((K // G, N)) * 0.1 + 0.01).astype(np.float16)
+    g_idx = _act_order_g_idx(rng, K, G)
+    qz = pack_gptq_zeros(z).view(np.uint32)
+    if version == 1:
+        qz = qz - np.uint32(0x11111111)
+    out = int4jit.from_gptq(pack_gptq_weight(q), qz.view(np.int32), s, g_idx, group_size=G, version=version,
+                            symmetric=symmetric)
+    assert out.perm is not None and out.perm.dtype == np.int32 and out.perm.shape == (K,)
+    np.testing.assert_array_equal(np.sort(out.perm), np.arange(K))
+    assert (out.zeros is None) == symmetric
+    x = rng.standard_normal(K)
+    W = _true_weights(q, z, s, g_idx)
+    y = int4jit.dequantize(out.w, out.scales, out.zeros).astype(np.float64) @ x[out.perm]
+    np.testing.assert_allclose(y, W @ x, rtol=1e-6, atol=1e-6)
+    # the same layer read without its g_idx (what a caller ignoring desc_act gets) is wrong
+    plain = int4jit.from_gptq(pack_gptq_weight(q), qz.view(np.int32), s, group_size=G, version=version,
+                              symmetric=symmetric)
+    assert plain.perm is None
+    assert np.abs(int4jit.dequantize(*plain).astype(np.float64) @ x - W @ x).max() > 1e-3
+    with pytest.raises(TypeError, match="perm"):
+        w, sc, zc = out  # an act-order result never unpacks into three silently
+
+
+def test_gptq_ramp_g_idx_gives_no_perm_and_unpacks():
+    rng = np.random.default_rng()
     K, N, G = 256, 16, 32
-    g_idx = np.random.default_rng().permutation(np.arange(K) // G)
-    with pytest.raises(ValueError, match="act-order"):
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    s = np.ones((K // G, N), np.float16)
+    out = int4jit.from_gptq(pack_gptq_weight(q), pack_gptq_zeros(z), s, np.arange(K) // G, group_size=G, version=2)
+    assert out.perm is None and isinstance(out, int4jit.Int4Weights)
+    w, sc, zc = out
+    assert w is out.w and sc is out.scales and zc is out.zeros
+
+
+def test_gptq_act_order_groups_must_be_group_size_long():
+    K, N, G = 256, 16, 32
+    g_idx = np.arange(K) // G
+    g_idx[0] = 1  # group 0 holds 31 inputs, group 1 holds 33
+    with pytest.raises(ValueError, match="groups of exactly 32"):
         int4jit.from_gptq(np.zeros((K // 8, N), np.int32), np.zeros((K // G, N // 8), np.int32),
                           np.ones((K // G, N), np.float16), g_idx, group_size=G)
+    with pytest.raises(TypeError, match="g_idx must be integer"):
+        int4jit.from_gptq(np.zeros((K // 8, N), np.int32), np.zeros((K // G, N // 8), np.int32),
+                          np.ones((K // G, N), np.float16), (np.arange(K) // G).astype(np.float32), group_size=G)
+
+
+def test_gptq_v1_zero_point_zero_borrows_across_the_word():
+    """GPTQModel writes v1 qzeros as (packed true zeros) - 0x11111111 on the whole word: a zero point
+    of 0 turns into 15 and borrows 1 from the next nibble. Read back by adding the word."""
+    rng = np.random.default_rng()
+    K, N, G = 128, 16, 32
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    z[0, :8] = [0, 5, 0, 0, 15, 1, 0, 9]   # borrows chain through neighbours
+    z[1, 8:16] = 0                          # a word of zeros: 0 - 0x11111111 wraps to 0xEEEEEEEF
+    s = (rng.random((K // G, N)) * 0.1 + 0.01).astype(np.float16)
+    stored = (pack_gptq_zeros(z).view(np.uint32) - np.uint32(0x11111111)).view(np.int32)
+    assert stored.view(np.uint32)[1, 1] == 0xEEEEEEEF
+    naive = ((z.astype(np.int16) - 1) & 0xF).astype(np.uint8)  # a per-nibble reading would differ
+    assert not np.array_equal(pack_gptq_zeros(naive), stored)
+    out = int4jit.from_gptq(pack_gptq_weight(q), stored, s, group_size=G, version=1)
+    np.testing.assert_array_equal(out.zeros, z.T)
+    W = _true_weights(q, z, s, np.arange(K) // G)
+    np.testing.assert_array_equal(int4jit.dequantize(*out).astype(np.float64), W.astype(np.float32))
+
+
+@pytest.mark.parametrize("bad,match", [(70000.0, "overflow float16"), (1e-9, "underflow float16")])
+def test_fp32_scales_outside_fp16_are_an_error(bad, match):
+    rng = np.random.default_rng()
+    K, N, G = 128, 16, 32
+    s = (rng.random((K // G, N)) * 0.1 + 0.01).astype(np.float32)
+    s[2, 3] = bad
+    q = np.zeros((K // 8, N), np.int32)
+    z = np.zeros((K // G, N // 8), np.int32)
+    with pytest.raises(ValueError, match=rf"GPTQ scales: 1 value\(s\) {match}.*\(3, 2\)"):
+        int4jit.from_gptq(q, z, s, group_size=G, version=2)
+    with pytest.raises(ValueError, match=rf"AWQ scales: 1 value\(s\) {match}"):
+        int4jit.from_awq(np.zeros((K, N // 8), np.int32), z, s, group_size=G)
+    with pytest.raises(ValueError, match=match):
+        int4jit.from_matmulnbits(np.zeros((N, K // G, G // 2), np.uint8), s.T, K=K, N=N, block_size=G)
+    s[2, 3] = 65519.0  # still rounds to 65504, and 0 stays 0: both fine
+    s[0, 0] = 0.0
+    out = int4jit.from_gptq(q, z, s, group_size=G, version=2)
+    assert out.scales.dtype == np.float16 and out.scales[3, 2] == 65504 and np.all(np.isfinite(out.scales))
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_converters_refuse_wrong_dtypes_naming_the_argument(fmt):
+    K, N, G = 128, 16, 32
+    if fmt == "gptq":
+        conv = lambda qw, qz: int4jit.from_gptq(qw, qz, np.ones((K // G, N), np.float16), group_size=G)  # noqa: E731
+        qw, qz = np.zeros((K // 8, N), np.int32), np.zeros((K // G, N // 8), np.int32)
+    else:
+        conv = lambda qw, qz: int4jit.from_awq(qw, qz, np.ones((K // G, N), np.float16), group_size=G)  # noqa: E731
+        qw, qz = np.zeros((K, N // 8), np.int32), np.zeros((K // G, N // 8), np.int32)
+    conv(qw, qz)
+    for bad_qz in (qz.astype(np.float32), qz.astype(np.int64), qz.astype(np.uint8), None, qz[0]):
+        with pytest.raises(TypeError, match="qzeros must be int32"):
+            conv(qw, bad_qz)
+    for bad_qw in (qw.astype(np.float16), qw.astype(np.int64), None, qw[None]):
+        with pytest.raises(TypeError, match="qweight must be int32"):
+            conv(bad_qw, qz)
+    with pytest.raises(TypeError, match="scales must be floating"):
+        (int4jit.from_gptq if fmt == "gptq" else int4jit.from_awq)(
+            qw, qz, np.ones((K // G, N), np.int32), group_size=G)
+
+
+def test_from_quantized_layer_reads_the_flags_from_the_config():
+    rng = np.random.default_rng()
+    K, N, G = 256, 16, 32
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    s = (rng.random((K // G, N)) * 0.1 + 0.01).astype(np.float16)
+    g_idx = _act_order_g_idx(rng, K, G)
+    bias = rng.standard_normal(N).astype(np.float16)
+    v1 = (pack_gptq_zeros(z).view(np.uint32) - np.uint32(0x11111111)).view(np.int32)
+    tensors = {"model.layers.0.mlp.up_proj.qweight": pack_gptq_weight(q), "model.layers.0.mlp.up_proj.qzeros": v1,
+               "model.layers.0.mlp.up_proj.scales": s, "model.layers.0.mlp.up_proj.g_idx": g_idx,
+               "model.layers.0.mlp.up_proj.bias": bias}
+    config = {"model_type": "llama", "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": G,
+                                                             "desc_act": True, "sym": False,
+                                                             "checkpoint_format": "gptq"}}
+    out = int4jit.from_quantized_layer(config, tensors)
+    x = rng.standard_normal(K)
+    W = _true_weights(q, z, s, g_idx)
+    np.testing.assert_allclose(int4jit.dequantize(out.w, out.scales, out.zeros).astype(np.float64) @ out.permute_x(x),
+                               W @ x, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out.bias, bias)
+    # the v2 label on v1 data reads zero points one lower: the format key matters
+    v2 = int4jit.from_quantized_layer({**config["quantization_config"], "checkpoint_format": "gptq_v2"}, tensors)
+    assert not np.array_equal(v2.zeros, out.zeros)
+    with pytest.raises(ValueError, match="desc_act=True.*no g_idx"):
+        int4jit.from_quantized_layer(config, {k: v for k, v in tensors.items() if not k.endswith("g_idx")})
+    for bad, match in (({"bits": 8}, "bits=8"), ({"checkpoint_format": "marlin"}, "marlin"),
+                       ({"quant_method": "hqq"}, "hqq"), ({"pack_dtype": "int16"}, "int16")):
+        with pytest.raises(ValueError, match=match):
+            int4jit.from_quantized_layer({**config["quantization_config"], **bad}, tensors)
+    awq = int4jit.from_quantized_layer({"w_bit": 4, "q_group_size": G, "zero_point": True, "version": "GEMM"},
+                                       {"qweight": pack_awq(q), "qzeros": pack_awq(z), "scales": s})
+    assert awq.perm is None
+    np.testing.assert_array_equal(int4jit.dequantize(*awq).astype(np.float64),
+                                  _true_weights(q, z, s, np.arange(K) // G).astype(np.float32))
+
+
+# -- golden fixtures written by the real producers (tests/fixtures/make_fixtures.py) ----------
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+def _fixture_cases(kind):
+    import json
+    meta = json.loads((FIXTURES / "fixtures.json").read_text())
+    return [(case, m) for case, m in sorted(meta["cases"].items()) if m["kind"] == kind]
+
+
+@pytest.mark.parametrize("case,meta", _fixture_cases("gptq") + _fixture_cases("awq"), ids=lambda v: v if isinstance(v, str) else "")
+def test_producer_fixture_reads_exactly(case, meta):
+    """GPTQModel and AutoAWQ layers, read through the checkpoint config: our float64 weights,
+    rounded to fp16, equal the producer's own fp16 dequantisation bit for bit."""
+    data = np.load(FIXTURES / "fixtures.npz")
+    tensors = {k.split("/", 1)[1]: data[k] for k in data.files if k.startswith(case + "/")}
+    reference = tensors.pop("dequantized").astype(np.float64).T  # [N, K], the checkpoint's input order
+    out = int4jit.from_quantized_layer(meta["config"], tensors)
+    assert (out.perm is not None) == bool(meta["config"].get("desc_act", False))
+    W = int4jit.dequantize(out.w, out.scales, out.zeros).astype(np.float64)
+    if out.perm is not None:
+        W_in_order = np.empty_like(W)
+        W_in_order[:, out.perm] = W
+        W = W_in_order
+    assert W.shape == (meta["N"], meta["K"])
+    np.testing.assert_array_equal(W.astype(np.float16).astype(np.float64), reference)
+    x = np.random.default_rng().standard_normal(meta["K"])
+    y = int4jit.dequantize(out.w, out.scales, out.zeros).astype(np.float64) @ out.permute_x(x)
+    np.testing.assert_allclose(y, reference @ x, rtol=2e-3, atol=2e-3)
+    if "bias" in tensors:
+        np.testing.assert_array_equal(out.bias, tensors["bias"])
+
+
+def test_fixtures_hold_v1_zero_points_of_zero():
+    """The GPTQ v1 fixtures exercise the word borrow (a v1 zero point of 0)."""
+    cases = dict(_fixture_cases("gptq"))
+    assert cases["gptqmodel_gptq_asym"]["zero_points_0_present"]
+    assert cases["gptqmodel_gptq_asym_actorder"]["zero_points_0_present"]
