@@ -5,7 +5,9 @@ GPU), cupy arrays with cupy; the result is bit-identical on all of them (see qua
 Neither torch nor cupy is imported unless the caller hands one of their arrays in."""
 from __future__ import annotations
 
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -15,6 +17,7 @@ from .shapes import SUPPORTED_GROUPS
 NUMPY_BLOCK_ELEMENTS = 1 << 20      # 4 MiB float32 temporaries: cache-sized, and memory stays flat
 DEVICE_BLOCK_ELEMENTS = 1 << 26     # 256 MiB float32 temporaries: few launches, bounded memory
 TORCH_CPU_BLOCK_ELEMENTS = 1 << 22
+NUMPY_THREADS = min(4, os.cpu_count() or 1)
 
 FP16_MAX = 65504.0
 FP16_MIN_NORMAL = 2.0 ** -14
@@ -129,8 +132,8 @@ def quantize(W, group_size: int = 128, symmetric: bool = False):
     if kind == "cupy":
         import cupy
         return _quantize_xp(cupy, W, int(group_size), bool(symmetric), DEVICE_BLOCK_ELEMENTS)
-    with np.errstate(over="ignore"):  # overflows are found and reported by name below
-        return _quantize_xp(np, _as_float_numpy(W), int(group_size), bool(symmetric), NUMPY_BLOCK_ELEMENTS)
+    return _quantize_xp(np, _as_float_numpy(W), int(group_size), bool(symmetric), NUMPY_BLOCK_ELEMENTS,
+                        NUMPY_THREADS)
 
 
 def _as_float_numpy(W) -> np.ndarray:
@@ -168,18 +171,32 @@ def _check_quantize_args(W, group_size, symmetric, kind: str):
         raise ValueError(f"K={K} (W.shape[1]) must be a multiple of group_size={group_size}")
 
 
-def _quantize_xp(xp, W, g: int, symmetric: bool, block_elements: int):
-    """numpy (or cupy: the same API) in row blocks of float32."""
+def _quantize_xp(xp, W, g: int, symmetric: bool, block_elements: int, workers: int = 1):
+    """numpy (or cupy: the same API) in row blocks of float32; numpy blocks run on `workers`
+    threads (its loops release the GIL), each writing its own rows of the outputs."""
     N, K = W.shape
     G = K // g
-    w_out = xp.empty((N, K // 2), dtype=xp.uint8)
-    s_out = xp.empty((N, G), dtype=xp.float16)
-    z_out = None if symmetric else xp.empty((N, G), dtype=xp.uint8)
+    out = (xp.empty((N, K // 2), dtype=xp.uint8), xp.empty((N, G), dtype=xp.float16),
+           None if symmetric else xp.empty((N, G), dtype=xp.uint8))
     rows = max(1, block_elements // K)
-    div = xp.float32(7.0 if symmetric else 15.0)
-    for r0 in range(0, N, rows):
-        r1 = min(N, r0 + rows)
-        v = W[r0:r1].astype(xp.float32, copy=False).reshape(r1 - r0, G, g)
+    blocks = [(r0, min(N, r0 + rows)) for r0 in range(0, N, rows)]
+    one = lambda b: _quantize_rows(xp, W, b[0], b[1], g, symmetric, out)
+    if workers > 1 and len(blocks) > 1:
+        with ThreadPoolExecutor(min(workers, len(blocks))) as pool:
+            for _ in pool.map(one, blocks):  # in order: the first bad block raises first
+                pass
+    else:
+        for b in blocks:
+            one(b)
+    return out
+
+
+def _quantize_rows(xp, W, r0: int, r1: int, g: int, symmetric: bool, out):
+    w_out, s_out, z_out = out
+    K = W.shape[1]
+    G = K // g
+    with np.errstate(over="ignore"):  # overflows are found and reported by name below
+        v = xp.ascontiguousarray(W[r0:r1], dtype=xp.float32).reshape(r1 - r0, G, g)
         if symmetric:
             hi = xp.maximum(v.max(axis=2), -v.min(axis=2))  # max |v| without an |v| copy
             lo = -hi
@@ -190,29 +207,32 @@ def _quantize_xp(xp, W, g: int, symmetric: bool, block_elements: int):
         if not symmetric:
             lo, hi = xp.minimum(lo, xp.float32(0)), xp.maximum(hi, xp.float32(0))
         span = hi if symmetric else hi - lo
-        scale32 = span / div
+        scale32 = span / xp.float32(7.0 if symmetric else 15.0)
         scale = scale32.astype(xp.float16)
-        bits = scale.view(xp.uint16)
-        raise_up = ((scale.astype(xp.float32) < scale32) & (bits < _FP16_MIN_NORMAL_BITS)) | (bits == 0)
-        scale = (bits + raise_up.astype(xp.uint16)).view(xp.float16)
-        scale[span == 0] = 1.0
-        if not bool(xp.isfinite(scale).all()):
-            _raise_scale_overflow(xp, scale, lo, hi, r0, g, symmetric)
-        s = scale.astype(xp.float32)[:, :, None]
-        q = v / s
-        xp.rint(q, out=q)
-        if symmetric:
-            q += xp.float32(8)
-        else:
-            zero = xp.rint(-lo / scale.astype(xp.float32))
-            xp.clip(zero, 0, 15, out=zero)
-            z_out[r0:r1] = zero.astype(xp.uint8)
-            q += zero[:, :, None]
-        xp.clip(q, 0, 15, out=q)
-        q8 = q.reshape(r1 - r0, K).astype(xp.uint8)
+    bits = scale.view(xp.uint16)
+    raise_up = ((scale.astype(xp.float32) < scale32) & (bits < _FP16_MIN_NORMAL_BITS)) | (bits == 0)
+    scale = (bits + raise_up.astype(xp.uint16)).view(xp.float16)
+    scale[span == 0] = 1.0
+    if not bool(xp.isfinite(scale).all()):
+        _raise_scale_overflow(xp, scale, lo, hi, r0, g, symmetric)
+    s = scale.astype(xp.float32)[:, :, None]
+    q = v / s
+    xp.rint(q, out=q)
+    if symmetric:
+        q += xp.float32(8)
+    else:
+        zero = xp.rint(-lo / scale.astype(xp.float32))
+        xp.clip(zero, 0, 15, out=zero)
+        z_out[r0:r1] = zero.astype(xp.uint8)
+        q += zero[:, :, None]
+    xp.clip(q, 0, 15, out=q)
+    q8 = q.reshape(r1 - r0, K).astype(xp.uint8)
+    if sys.byteorder == "little":  # byte pairs as uint16: low byte = even k, high = odd k
+        pairs = q8.view(xp.uint16)
+        w_out[r0:r1] = (pairs | (pairs >> 4)).astype(xp.uint8)
+    else:
         w_out[r0:r1] = q8[:, 0::2] | (q8[:, 1::2] << 4)
-        s_out[r0:r1] = scale
-    return w_out, s_out, z_out
+    s_out[r0:r1] = scale
 
 
 def _quantize_torch(W, g: int, symmetric: bool):

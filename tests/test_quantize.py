@@ -211,6 +211,7 @@ def test_row_blocks_join_exactly(monkeypatch, symmetric):
     W = rng.standard_normal((10, 96)).astype(np.float32)
     whole = quantize(W, 32, symmetric)
     monkeypatch.setattr(reference, "NUMPY_BLOCK_ELEMENTS", 3 * 96)
+    monkeypatch.setattr(reference, "NUMPY_THREADS", 3)
     monkeypatch.setattr(reference, "TORCH_CPU_BLOCK_ELEMENTS", 4 * 96)
     assert_same(quantize(W, 32, symmetric), whole)
     assert_same(quantize(torch.from_numpy(W), 32, symmetric), whole)
@@ -223,9 +224,10 @@ def test_row_blocks_join_exactly(monkeypatch, symmetric):
 def test_nan_or_inf_is_refused_naming_the_first_position(monkeypatch, framework, bad):
     monkeypatch.setattr(reference, "NUMPY_BLOCK_ELEMENTS", 3 * 64)  # the bad row is in a later block
     monkeypatch.setattr(reference, "TORCH_CPU_BLOCK_ELEMENTS", 3 * 64)
+    monkeypatch.setattr(reference, "NUMPY_THREADS", 3)  # blocks finish out of order; the first is named
     W = np.ones((10, 64), np.float32)
     W[7, 45] = bad
-    W[8, 3] = np.nan
+    W[8, 3] = W[9, 0] = np.nan
     with pytest.raises(ValueError, match=r"W\[7, 45\] = (nan|inf|-inf)") as e:
         quantize(torch.from_numpy(W) if framework == "torch" else W, 32)
     assert "finite" in str(e.value)
@@ -285,6 +287,12 @@ def test_bad_torch_arguments_are_named():
         quantize(torch.zeros((4, 96)), 64)
 
 
+def test_non_contiguous_numpy_inputs():
+    W = np.random.default_rng(2).standard_normal((96, 64)).astype(np.float32)
+    for view in (W.T, np.asfortranarray(W), W[:, ::-1], W[::2]):
+        assert_same(quantize(view, 16), quantize(np.ascontiguousarray(view), 16))
+
+
 def test_grad_and_non_contiguous_torch_inputs():
     W = torch.randn(64, 48, requires_grad=True)
     got = quantize(W.t(), 16)  # [48, 64], a transposed view
@@ -304,7 +312,7 @@ def test_numpy_path_memory_stays_flat(dtype):
     finally:
         tracemalloc.stop()
     outputs = 2048 * 2048 + 2048 * 32 * 3
-    assert peak <= outputs + 24 * 2**20, peak / 2**20
+    assert peak <= outputs + 12 * 2**20 * max(2, reference.NUMPY_THREADS), peak / 2**20
 
 
 def test_import_does_not_import_torch():
