@@ -250,7 +250,29 @@ class GemvWeights:
         self._values = self._args.values
         self._launch = None
         self._env = None
+        self._dense_launch: dict = {}
         self._lock = threading.Lock()
+
+    def dense(self, out):
+        """Write the dequantised weight into `out` (a contiguous torch float16 or bfloat16 tensor
+        of shape [N, K] on the weights' device) with one launch on torch's current stream."""
+        torch = self._torch
+        dtype = {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(out.dtype)
+        if dtype is None or tuple(out.shape) != (self.N, self.K) or not out.is_contiguous() \
+                or not out.is_cuda or out.device.index != self.device_index:
+            raise ValueError(f"out must be a contiguous float16 or bfloat16 tensor of shape ({self.N}, {self.K}) "
+                             f"on GPU {self.device_index}; got {out.dtype} {tuple(out.shape)} on {out.device}")
+        launch = self._dense_launch.get(dtype)
+        if launch is None:
+            from .spec import make_dequant_spec
+            launch = self._dense_launch[dtype] = load(self.device, make_dequant_spec(
+                self.shape, self.device.arch, dtype)).launch_packed
+        with self._lock:
+            v = self._values
+            v[0] = 0
+            v[4] = out.data_ptr()
+            launch(self._args, self._stream_of(self.device_index))
+        return out
 
     def _kernel(self, stream: int):
         env = _env_state()

@@ -17,8 +17,8 @@ from pathlib import Path
 from .shapes import GemvShape, LaunchConfig
 
 TEMPLATES = Path(__file__).parent / "templates"
-KERNELS = ("simt", "tc")
-TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip"}
+KERNELS = ("simt", "tc")          # the GEMV kernels
+TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip", "dequant": "dequant.hip"}
 PRELUDES = ("prelude_cuda.hip", "prelude_hip.hip")
 SPEC_SCHEMA = 2
 
@@ -303,3 +303,19 @@ def make_spec(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, va
             raise ValueError(f"the simt kernel has no variant fields; got {variant.text()!r}")
         return _simt_spec(shape, arch, config, pdl)
     return _tc_spec(shape, arch, config, variant, pdl, sm_count or KNOWN_SMS.get(arch, 64))
+
+
+DEQUANT_BLOCK = 256
+DEQUANT_OUT = ("float16", "bfloat16")
+
+
+def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -> KernelSpec:
+    """templates/dequant.hip: the dense [N, K] weight in fp16 or bf16 (prefill's one pass a call).
+    One thread a 32-bit word of w; no tuning (it streams at copy speed)."""
+    if out_dtype not in DEQUANT_OUT:
+        raise ValueError(f"dequantised weights are one of {DEQUANT_OUT}; got {out_dtype!r}")
+    words = shape.N * shape.K // 8
+    return KernelSpec(
+        shape, arch, "dequant", LaunchConfig(DEQUANT_BLOCK, 2), SIMT_VARIANT,
+        (("OUT_BF16", "true" if out_dtype == "bfloat16" else "false"),), _ceil(words, DEQUANT_BLOCK),
+        DEQUANT_BLOCK, False, rows_per_block=0, k_efficiency=1.0, inflight_bytes=4, thread_bytes=4, regs=32)

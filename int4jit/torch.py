@@ -66,8 +66,8 @@ class Int4Linear(nn.Module):
 
     forward on [..., K] with one token on the GPU runs the int4jit kernel on torch's current stream
     (graph capture works): float16 directly; bfloat16 through float16 (the product is exact in fp32;
-    activations beyond float16's range, |x| > 65504, saturate). Several tokens dequantise once per
-    call on the GPU and use torch.matmul; on the CPU the dequantised weight is kept per module
+    activations beyond float16's range, |x| > 65504, saturate). Several tokens (prefill) dequantise
+    once per call on the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised weight is kept per module
     (up to CPU_DENSE_CACHE_BYTES). The first fallback of a module logs a warning naming why."""
 
     def __init__(self, w, scales, zeros=None, bias=None):
@@ -129,8 +129,11 @@ class Int4Linear(nn.Module):
                 W = _unpack_dequantize(self.w, self.scales, self.zeros, x.dtype)
                 if W.numel() * W.element_size() <= CPU_DENSE_CACHE_BYTES:
                     self._dense = W
-        else:
-            W = _unpack_dequantize(self.w, self.scales, self.zeros, x.dtype)
+        else:  # one dequantising launch into a fresh workspace, then cuBLAS
+            dt = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float16
+            W = self._prepared().dense(torch.empty(self.out_features, self.in_features, dtype=dt, device=x.device))
+            if W.dtype != x.dtype:
+                W = W.to(x.dtype)
         y = torch.matmul(x, W.t())
         return y if self.bias is None else y + self.bias.to(y.dtype)
 

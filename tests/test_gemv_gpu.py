@@ -365,3 +365,29 @@ def test_compile_only_warm_covers_tuning(monkeypatch, tmp_path):
     monkeypatch.setattr(mod, "compile_source", lambda *a, **k: compiles.append(a[1]) or real(*a, **k))
     p = plan.plan(shape, dev.arch, dev)
     assert p.tier == "tuned" and compiles == []
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("N,K,group,symmetric", [(4096, 4096, 128, False), (1000, 2064, 16, True), (3001, 896, 32, False)])
+def test_dense_dequantisation_for_prefill(N, K, group, symmetric, dtype):
+    """GemvWeights.dense (templates/dequant.hip) writes dequantize()'s matrix, rounded to the dtype."""
+    t = _torch()
+    rng = np.random.default_rng()
+    (x, w, s, z), (xt, wt, st, zt), _ = device_problem(rng, N, K, group, symmetric)
+    out = t.full((N, K), float("nan"), dtype=getattr(t, dtype), device="cuda")
+    int4jit.GemvWeights(wt, st, zt).dense(out)
+    want = t.from_numpy(int4jit.dequantize(w, s, z).astype(np.float32)).to(getattr(t, dtype))
+    assert t.equal(out.cpu(), want)
+
+
+def test_int4linear_prefill_matches_reference():
+    t = _torch()
+    from int4jit.torch import Int4Linear
+    lin = t.nn.Linear(4096, 2048, bias=False).cuda().half()
+    q = Int4Linear.from_linear(lin, group_size=128)
+    W = int4jit.dequantize(q.w.cpu().numpy(), q.scales.cpu().numpy(), q.zeros.cpu().numpy()).astype(np.float64)
+    for dtype in (t.float16, t.bfloat16):
+        xs = t.randn(1, 64, 4096, device="cuda", dtype=dtype)
+        y = q(xs).float().cpu().numpy()[0]
+        ref = xs[0].double().cpu().numpy() @ W.T
+        assert rel_error(y, ref) <= (2e-3 if dtype == t.float16 else 5e-3)

@@ -66,6 +66,11 @@ __device__ __forceinline__ float h_to_f(u16 h) {
 __device__ __forceinline__ u16 f_to_h(float f) {
     u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+// fp32 -> bf16, round to nearest even (finite values).
+__device__ __forceinline__ u16 f_to_bf16(float f) {
+    const u32 u = __float_as_uint(f);
+    return (u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 __device__ __forceinline__ float warp_xor(float v, int mask) {
     return __shfl_xor_sync(0xffffffffu, v, mask);
 }

@@ -35,6 +35,11 @@ __device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
 }
 __device__ __forceinline__ float h_to_f(u16 h) { return (float)__builtin_bit_cast(_Float16, h); }
 __device__ __forceinline__ u16 f_to_h(float f) { return __builtin_bit_cast(u16, (_Float16)f); }
+// fp32 -> bf16, round to nearest even (finite values).
+__device__ __forceinline__ u16 f_to_bf16(float f) {
+    const u32 u = __builtin_bit_cast(u32, f);
+    return (u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor(v, mask, I4_WARP); }
 
 // Dot product of 16-element pieces, accumulated in fp32.
