@@ -18,7 +18,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 FLAGS = ("INT4JIT_EXHAUSTIVE_TUNE", "INT4JIT_TRACE", "INT4JIT_TUNE", "INT4JIT_PDL")
 CHOICES: dict[str, tuple[str, ...]] = {
     "INT4JIT_BACKEND": ("cuda", "hip"),
-    "INT4JIT_KERNEL": ("auto", "tc", "mma", "simt"),
+    "INT4JIT_KERNEL": ("auto", "simt", "tc"),
 }
 SHOWN_CHARS = 60  # an echoed value is cut to this many characters
 

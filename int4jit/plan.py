@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import backends, tuner
-from .env import env_choice, env_flag, env_lookup
+from .env import CHOICES, env_choice, env_flag, env_lookup
 from .shapes import GemvShape, LaunchConfig
 from .spec import KernelSpec, arch_number, choose_kernel, make_spec
 
-KERNEL_CHOICES = ("auto", "simt", "tc")
+KERNEL_CHOICES = CHOICES["INT4JIT_KERNEL"]
 
 
 @dataclass(frozen=True)

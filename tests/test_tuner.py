@@ -102,8 +102,6 @@ def test_backend_choice(monkeypatch):
         env.env_choice("INT4JIT_BACKEND", ("cuda", "hip"))
 
 
-@pytest.mark.xfail(strict=True, reason="int4jit bug: env.CHOICES still lists INT4JIT_KERNEL=mma, so "
-                   "env.check_all() (run at CLI startup) accepts a kernel that plan.read_env() refuses")
 def test_startup_check_refuses_the_removed_mma_kernel(monkeypatch):
     monkeypatch.setenv("INT4JIT_KERNEL", "mma")
     with pytest.raises(ValueError, match="INT4JIT_KERNEL"):
