@@ -312,7 +312,8 @@ def list_code_objects() -> list[CodeObjectInfo]:
 
 
 _TMP = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")      # atomic_write's temp files
-_DB_LEFTOVER = re.compile(r"^(sm_[0-9]{2,3}[af]?|gfx[0-9]{1,2}[0-9a-f]{2})\.json\.(lock|corrupt-[0-9]+-[0-9]+|old-schema-[0-9]+-[0-9]+)$")
+# Set-aside files (<db>.corrupt-*, <key>.bin.bad) hold content int4jit judged not its own: left.
+_DB_LEFTOVER = re.compile(r"^(sm_[0-9]{2,3}[af]?|gfx[0-9]{1,2}[0-9a-f]{2})\.json\.lock$")
 
 
 def _is_ours(path: Path, area: str) -> bool:
@@ -321,8 +322,6 @@ def _is_ours(path: Path, area: str) -> bool:
         return False
     if area == "code":
         if _TMP.match(name) and CODE_NAME.match(name[1:].split(".bin.")[0] + ".bin"):
-            return True
-        if name.endswith(".bin" + SET_ASIDE) and CODE_NAME.match(name[:-len(SET_ASIDE)]):
             return True
         return is_code_object_file(path)
     from .tuning_db import InvalidTuningDB, is_db_name, parse_db
@@ -341,8 +340,8 @@ def _is_ours(path: Path, area: str) -> bool:
 
 
 def clear_cache() -> tuple[list[Path], list[Path]]:
-    """Remove what int4jit wrote (code objects, tuning DBs and their locks, temp and set-aside
-    files, import staging dirs); leave everything else. Returns (removed, left)."""
+    """Remove what int4jit wrote (code objects, tuning DBs and their locks, temp files, import
+    staging dirs); leave everything else, set-aside files included. Returns (removed, left)."""
     root = cache_dir()
     removed, left = [], []
     for area in ("code", "tuning"):
