@@ -168,19 +168,6 @@ def test_hip_default_stream_is_passed_as_null(fake_hip):
     assert seen["launch"][8] is None  # hip-python takes None for the null stream
 
 
-
-@pytest.mark.parametrize("backend", ["hip", "cuda"])
-def test_occupancy_query_names_the_function_and_block(backend, fake_hip, fake_cuda):
-    fake = (fake_hip if backend == "hip" else fake_cuda)[0]
-    call = ("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor" if backend == "hip"
-            else "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-    fake.overrides[call] = lambda fn, block, smem: (Status(0), 3 if block == 256 and smem == 0 else 0)
-    dev = (hip if backend == "hip" else cuda).Device(0)
-    _, fn = dev.load(b"x", "k")
-    assert dev.blocks_per_sm(fn, 256) == 3
-    assert (call, (fn, 256, 0)) in fake.calls
-
-
 class FakeLibcuda:
     """libcuda as ctypes would call it: each launch decodes its ctypes arguments the way the
     driver reads them (handles, dimensions, the void** kernel parameters, the launch config)."""

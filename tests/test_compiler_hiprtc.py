@@ -5,6 +5,7 @@ from int4jit import compiler
 from int4jit.backends import hip
 from int4jit.errors import CompileError
 from int4jit.shapes import GemvShape, LaunchConfig
+from int4jit.spec import make_spec
 
 from conftest import require_compiler
 
@@ -17,17 +18,21 @@ def hiprtc():
     compiler._memo.clear()
 
 
-@pytest.mark.parametrize("arch,dot2", [("gfx90a", True), ("gfx1030", True), ("gfx900", False), ("gfx908", True)])
-@pytest.mark.parametrize("shape,cfg", [
-    (GemvShape(4096, 4096, 128, False), LaunchConfig(256, 4)),
-    (GemvShape(7, 48, 16, True), LaunchConfig(32, 16)),
-    (GemvShape(896, 896, 64, False), LaunchConfig(512, 2)),
-])
+@pytest.mark.parametrize("arch,dot2,shape,cfg", [
+    ("gfx90a", True, GemvShape(4096, 4096, 128, False), LaunchConfig(256, 4)),
+    ("gfx90a", True, GemvShape(7, 48, 16, True), LaunchConfig(32, 16)),      # 8-byte loads, a tail
+    ("gfx90a", True, GemvShape(896, 896, 64, False), LaunchConfig(512, 2)),
+    ("gfx1030", True, GemvShape(4097, 4160, 32, True), LaunchConfig(128, 8)),  # wave32
+    ("gfx900", False, GemvShape(896, 1792, 256, False), LaunchConfig(64, 4)),   # no fdot2
+    ("gfx1010", False, GemvShape(7, 48, 16, False), LaunchConfig(64, 2)),      # wave32, no fdot2
+    ("gfx908", True, GemvShape(4096, 4096, 128, True), LaunchConfig(256, 4)),
+], ids=lambda v: v.key() if isinstance(v, GemvShape) else str(v))
 def test_compiles_code_object(hiprtc, arch, dot2, shape, cfg):
     assert hip.kernel_traits(arch)["HAS_DOT2"] == int(dot2)
-    _, src = compiler.render_gemv_source(shape, cfg, arch)
+    spec = make_spec(shape, arch, "simt", cfg)
+    _, src = compiler.render(spec)
     assert f"#define I4_HAS_DOT2 {int(dot2)}" in src
-    ck = compiler.compile_gemv(shape, cfg, arch)
+    ck = compiler.build(spec)
     assert ck.binary[:4] == ELF and ck.kernel.encode() in ck.binary
     assert f"amdgcn-amd-amdhsa--{arch}".encode() in ck.binary or arch.encode() in ck.binary
 
@@ -91,6 +96,3 @@ def test_dot2_table_agrees_with_the_compiler(hiprtc, arch):
     except CompileError:
         compiles = False
     assert compiles == (arch in hip.DOT2_TARGETS)
-    # and the GEMV kernel compiles on its chosen path
-    ck = compiler.compile_gemv(GemvShape(100, 512, 32, False), LaunchConfig(128, 4), arch)
-    assert ck.binary[:4] == ELF

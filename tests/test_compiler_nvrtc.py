@@ -5,6 +5,7 @@ from int4jit import cache, compiler
 from int4jit.backends import cuda
 from int4jit.errors import CompileError
 from int4jit.shapes import GemvShape, LaunchConfig
+from int4jit.spec import Variant, make_spec
 
 from conftest import require_compiler
 
@@ -19,17 +20,18 @@ CUBIN_MAGIC = b"\x7fELF"
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("shape,cfg", [
-    (GemvShape(4096, 4096, 128, False), LaunchConfig(256, 4)),
-    (GemvShape(7, 48, 16, True), LaunchConfig(32, 16)),
-    (GemvShape(11008, 14336, 256, False), LaunchConfig(512, 2)),
-    (GemvShape(896, 896, 32, True), LaunchConfig(64, 8)),
+@pytest.mark.parametrize("shape,kernel,cfg", [
+    (GemvShape(4096, 4096, 128, False), "tc", LaunchConfig(256, 4)),
+    (GemvShape(7, 48, 16, True), "simt", LaunchConfig(32, 16)),
+    (GemvShape(11008, 14336, 256, False), "tc", LaunchConfig(512, 2)),
+    (GemvShape(896, 896, 32, True), "simt", LaunchConfig(64, 8)),
 ])
-def test_compiles_to_cubin(arch, shape, cfg):
-    ck = compiler.compile_gemv(shape, cfg, arch)
+def test_compiles_to_cubin(arch, shape, kernel, cfg):
+    spec = make_spec(shape, arch, kernel, cfg, pdl=arch == "sm_90")
+    ck = compiler.build(spec)
     assert ck.binary[:4] == CUBIN_MAGIC and len(ck.binary) > 1000
-    assert ck.kernel.encode() in ck.binary  # the entry point is in the symbol table
-    assert ck.arch == arch and ck.backend == "cuda"
+    assert ck.kernel == spec.name and ck.kernel.encode() in ck.binary  # the entry point is in the symbol table
+    assert ck.spec is spec and ck.backend == "cuda" and compiler.is_cached(spec)
 
 
 def test_compile_error_carries_log_and_source_lines():
@@ -52,18 +54,24 @@ def test_second_compile_is_a_cache_hit(monkeypatch):
     calls = []
     real = cuda.compile_source
     monkeypatch.setattr(cuda, "compile_source", lambda *a, **k: calls.append(a) or real(*a, **k))
-    shape, cfg = GemvShape(1024, 2048, 64, False), LaunchConfig(128, 2)
-    first = compiler.compile_gemv(shape, cfg, "sm_90")
+    spec = make_spec(GemvShape(2048, 2048, 64, False), "sm_90", "tc", LaunchConfig(128, 2))
+    assert not compiler.is_cached(spec)
+    first = compiler.build(spec)
+    assert compiler.build(spec) is first  # the in-process memo
     compiler._memo.clear()  # a fresh process: only the disk cache remains
-    second = compiler.compile_gemv(shape, cfg, "sm_90")
-    assert len(calls) == 1 and first.binary == second.binary
+    assert compiler.is_cached(spec)
+    second = compiler.build(spec)
+    assert len(calls) == 1 and first.binary == second.binary and first.key == second.key
     assert compiler.code_object_path(first.key).is_file()
+    # another variant of the same (shape, BS, TN) is another build, not a hit
+    other = compiler.build(make_spec(spec.shape, "sm_90", "tc", spec.config, Variant(loads=8)))
+    assert len(calls) == 2 and other.key != first.key and other.binary != first.binary
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_corrupt_cached_file_is_rebuilt(monkeypatch, damage):
-    shape, cfg = GemvShape(512, 1024, 32, True), LaunchConfig(64, 4)
-    good = compiler.compile_gemv(shape, cfg, "sm_90")
+    spec = make_spec(GemvShape(512, 1024, 32, True), "sm_90", "simt", LaunchConfig(64, 4))
+    good = compiler.build(spec)
     path = compiler.code_object_path(good.key)
     blob = path.read_bytes()
     path.write_bytes({"truncate": blob[: len(blob) // 2], "garbage": b"x" * len(blob), "empty": b""}[damage])
@@ -71,7 +79,7 @@ def test_corrupt_cached_file_is_rebuilt(monkeypatch, damage):
     calls = []
     real = cuda.compile_source
     monkeypatch.setattr(cuda, "compile_source", lambda *a, **k: calls.append(a) or real(*a, **k))
-    again = compiler.compile_gemv(shape, cfg, "sm_90")
+    again = compiler.build(spec)
     assert len(calls) == 1 and again.binary == good.binary
     assert cache.read_code_object(path) == good.binary
 
@@ -83,3 +91,11 @@ def test_key_depends_on_everything_that_changes_the_binary():
         keys.add(compiler.cache_key(**{**base, field: value}))
     assert len(keys) == 5
     assert compiler.cache_key(**{**base, "options": ["-b", "-a"]}) == compiler.cache_key(**{**base, "options": ["-a", "-b"]})
+
+
+def test_forget_drops_the_file_and_the_memo():
+    spec = make_spec(GemvShape(512, 1024, 32, True), "sm_90", "simt", LaunchConfig(64, 4))
+    ck = compiler.build(spec)
+    compiler.forget(ck)
+    assert not compiler.code_object_path(ck.key).exists() and not compiler.is_cached(spec)
+    assert compiler.build(spec).binary == ck.binary and compiler.is_cached(spec)
