@@ -1,0 +1,145 @@
+"""Programmatic dependent launch (issue 17 item 4): every shipped template, as NVRTC compiles it
+for sm_90, waits for the previous grid (griddepcontrol.wait) before any instruction that reads or
+writes global memory; only L2 prefetches (which return no data) may come before the wait. Read
+from the PTX of the same source compiler.render(spec) gives, so no GPU is needed."""
+import re
+
+import pytest
+
+from int4jit import compiler
+from int4jit.shapes import GemvShape, LaunchConfig
+from int4jit.spec import TEMPLATE_OF, Variant, make_dequant_spec, make_spec
+
+from conftest import require_compiler
+
+OPTIONS = ("-std=c++17", "-default-device")
+
+
+def ptx(spec, arch=None) -> str:
+    """The PTX NVRTC makes of the spec's rendered source."""
+    require_compiler("cuda")
+    from cuda.bindings import nvrtc
+    arch = arch or spec.arch
+    name, source = compiler.render(spec)
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    assert int(err) == 0, err
+    try:
+        opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if int(err) != 0:
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            pytest.fail(f"{name} does not compile for {arch}: {log.decode(errors='replace')[:2000]}")
+        err, size = nvrtc.nvrtcGetPTXSize(prog)
+        assert int(err) == 0, err
+        buf = b" " * size
+        (err,) = nvrtc.nvrtcGetPTX(prog, buf)
+        assert int(err) == 0, err
+        return buf.rstrip(b"\0 ").decode()
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def instructions(text: str) -> list[str]:
+    """The kernel's instructions in order (the mnemonic and operands, predicate dropped)."""
+    body = text[text.index(".entry"):]
+    out = []
+    for line in body.splitlines():
+        s = line.strip()
+        if not s or s.startswith(("//", ".", "$", "{", "}", ")", "(")):
+            continue
+        out.append(re.sub(r"^@!?%\w+\s+", "", s))
+    return out
+
+
+_SAFE_SPACES = ("param", "local", "shared", "const")
+_TOUCHES_MEMORY = {"ldu", "atom", "red", "cp", "tex", "tld4", "suld", "sust", "sured", "call", "multimem",
+                   "discard", "applypriority", "mbarrier", "cp.async", "bulk"}
+
+
+def reaches_global_memory(instr: str) -> bool:
+    """Whether an instruction may read or write memory another kernel writes or reads: global
+    (or generic) loads, stores, atomics, async copies, calls. prefetch.global is a hint."""
+    parts = instr.split()[0].rstrip(";").split(".")
+    op = parts[0]
+    if op in ("ld", "st"):
+        return not any(p.startswith(_SAFE_SPACES) for p in parts[1:])
+    return op in _TOUCHES_MEMORY
+
+
+def check_waits_before_memory(spec):
+    code = ptx(spec)
+    ins = instructions(code)
+    waits = [i for i, s in enumerate(ins) if s.startswith("griddepcontrol.wait")]
+    assert waits, f"{spec.name}: no griddepcontrol.wait"
+    before = ins[:waits[0]]
+    bad = [s for s in before if reaches_global_memory(s)]
+    assert not bad, f"{spec.name} ({spec.label()}): before griddepcontrol.wait: {bad[:5]}"
+    assert not [s for s in before if re.search(r"\bld\.global|cp\.async", s)]
+    assert not [s for s in before if s.startswith("prefetch") and not s.startswith("prefetch.global")]
+    launches = [i for i, s in enumerate(ins) if s.startswith("griddepcontrol.launch_dependents")]
+    assert len(launches) == 1, f"{spec.name}: griddepcontrol.launch_dependents {len(launches)} times"
+    return before
+
+
+SHAPE = GemvShape(28672, 4096, 128, False)  # streams by default
+SPECS = [
+    ("simt", GemvShape(4096, 4096, 128, False), LaunchConfig(128, 4), None),
+    ("simt", GemvShape(7, 48, 16, True), LaunchConfig(64, 8), None),               # 8-byte loads, one row block
+    ("simt", GemvShape(4097, 4160, 64, False), LaunchConfig(256, 2), None),        # odd N tail
+    ("tc", GemvShape(4096, 4096, 128, False), LaunchConfig(128, 4), None),         # the plain schedule
+    ("tc", SHAPE, LaunchConfig(128, 4), Variant(streaming=True, raw_a=True, prefetch=0)),
+    ("tc", SHAPE, LaunchConfig(128, 4), Variant(streaming=True, raw_a=True, prefetch=1)),
+    ("tc", SHAPE, LaunchConfig(128, 4), Variant(streaming=True, raw_a=True, prefetch=2)),
+    ("tc", GemvShape(4096, 14336, 128, True), LaunchConfig(512, 2), Variant(streaming=True)),  # x staged per warp
+    ("tc", GemvShape(4096, 28672, 128, False), LaunchConfig(256, 4), Variant(streaming=True)),  # x not in smem
+    ("tc", GemvShape(4097, 17920, 32, False), LaunchConfig(128, 4), Variant(kcluster=2, prefetch=2)),
+    ("tc", GemvShape(4100, 4160, 32, True), LaunchConfig(256, 4), None),          # K % 128 != 0, g32 sym
+    ("tc", GemvShape(2048, 4096, 16, False), LaunchConfig(64, 8), Variant(one_wave=True, loads=8)),
+]
+
+
+DEQUANT = [(GemvShape(4096, 4096, 128, False), "float16"), (GemvShape(4097, 4160, 32, True), "bfloat16")]
+
+
+def test_every_shipped_template_is_covered():
+    assert {k for k, *_ in SPECS} | {"dequant"} == set(TEMPLATE_OF)
+
+
+@pytest.mark.parametrize("shape,out", DEQUANT, ids=[f"{s.key()}-{o}" for s, o in DEQUANT])
+def test_dequant_waits_for_the_previous_grid_before_touching_memory(shape, out):
+    before = check_waits_before_memory(make_dequant_spec(shape, "sm_90", out))
+    assert not [s for s in before if s.startswith("prefetch")]
+
+
+@pytest.mark.parametrize("kernel,shape,cfg,variant", SPECS,
+                         ids=[f"{k}-{s.key()}-{c}" + (f"-{v.text()}" if v else "") for k, s, c, v in SPECS])
+def test_waits_for_the_previous_grid_before_touching_memory(kernel, shape, cfg, variant):
+    spec = make_spec(shape, "sm_90", kernel, cfg, variant, pdl=True, sm_count=132)
+    before = check_waits_before_memory(spec)
+    prefetches = [s for s in before if s.startswith("prefetch.global")]
+    if kernel == "tc" and spec.variant.prefetch:  # the weights asked into L2 while the previous kernel drains
+        assert prefetches, f"{spec.label()}: PREFETCH={spec.param('PREFETCH')} but no prefetch before the wait"
+    else:
+        assert not prefetches
+
+
+def test_the_check_catches_a_load_before_the_wait(monkeypatch):
+    """The negative case: a template that reads x before waiting fails the check."""
+    spec = make_spec(GemvShape(4096, 4096, 128, False), "sm_90", "simt", LaunchConfig(128, 4), pdl=True)
+    real = compiler.render
+
+    def early_read(s):
+        name, src = real(s)
+        src = src.replace("I4_GRID_WAIT();", "y[0] = x[threadIdx.x]; I4_GRID_WAIT();", 1)
+        return name, src
+    monkeypatch.setattr(compiler, "render", early_read)
+    with pytest.raises(AssertionError, match="before griddepcontrol.wait"):
+        check_waits_before_memory(spec)
+
+
+@pytest.mark.parametrize("kernel", ["simt", "tc"])
+def test_no_grid_dependency_control_before_sm_90(kernel):
+    spec = make_spec(GemvShape(4096, 4096, 128, False), "sm_80", kernel, LaunchConfig(128, 4), pdl=False)
+    assert not spec.pdl and "griddepcontrol" not in ptx(spec)
