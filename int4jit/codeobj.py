@@ -356,6 +356,9 @@ _LOAD_BYTES = {"dwordx4": 16, "b128": 16, "dwordx3": 12, "b96": 12, "dwordx2": 8
                "d16_i8": 1, "d16_hi_u8": 1, "d16_hi_i8": 1}
 # Non-temporal (streaming) cache bits as each generation prints them: slc on gfx9/gfx10/gfx11,
 # nt on gfx94x, th:TH_LOAD_NT* on gfx12. int4jit streams weights, and only weights, this way.
+# int4jit's kernels address memory with global_* only, so their MUBUF buffer_* ops are the private
+# segment (spills, private arrays: the scratch descriptor in some s[n:n+3]), as are scratch_* ops.
+_MUBUF_SCRATCH = re.compile(r"^buffer_(load|store|atomic)_")
 _NONTEMPORAL = re.compile(r"(?:^|\s)(?:slc|nt|th:TH_LOAD_NT\w*)(?:\s|$)")
 
 
@@ -412,6 +415,9 @@ def count_amd(disassembly: str, function: str | None = None) -> InstructionCount
             continue
         op, operands = m.group(1), m.group(2)
         mn[op] += 1
+        if op.startswith("scratch_") or _MUBUF_SCRATCH.match(op + " " + operands):
+            mn["(scratch access)"] += 1
+            continue
         lm = _AMD_LOAD.match(op)
         if lm:
             nbytes = _LOAD_BYTES.get(lm.group(2), 0)
@@ -423,8 +429,7 @@ def count_amd(disassembly: str, function: str | None = None) -> InstructionCount
     dot2 = sum(n for op, n in mn.items() if re.match(r"^v_dot2c?_f32_f16", op))
     mma = sum(n for op, n in mn.items() if op.startswith(("v_mfma", "v_wmma", "v_smfmac", "v_swmmac")))
     fma = sum(n for op, n in mn.items() if re.match(r"^v_(fma|fmac|mac|mad|pk_fma)_f32", op))
-    scratch = sum(n for op, n in mn.items() if op.startswith("scratch_"))
-    return InstructionCounts(mn, dict(loads), dict(stream), dot2, mma, fma, scratch)
+    return InstructionCounts(mn, dict(loads), dict(stream), dot2, mma, fma, mn["(scratch access)"])
 
 
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")

@@ -1,6 +1,7 @@
 """`int4jit inspect`: what a kernel int4jit would run is, read from its code object with no GPU.
 
     inspect_kernel(N, K, group=128, symmetric=False, arch="gfx90a", config=None) -> KernelFacts
+    inspect_many(requests, processes=None) -> list[KernelFacts]
     efficiency_problems(facts) -> list[str]      what would make it slow (docs/amd.md states the rules)
     format_facts(facts) -> str                   the CLI's text
     add_arguments(parser), run(args) -> int      the CLI subcommand
@@ -143,6 +144,24 @@ def inspect_kernel(N: int, K: int, group: int = 128, symmetric: bool = False, ar
     plan = _plan(shape, arch, config)
     binary, name = _build(plan)
     return KernelFacts(plan, codeobj.code_facts(binary, name, plan.arch, plan.block, disassemble))
+
+
+def _inspect_request(request: tuple) -> KernelFacts:
+    N, K, group, symmetric, arch, config, disassemble = request
+    return inspect_kernel(N, K, group, symmetric, arch, config, disassemble)
+
+
+def inspect_many(requests, processes: int | None = None, disassemble: bool = True) -> list[KernelFacts]:
+    """inspect_kernel for each (N, K, group, symmetric, arch, config) request, in order. With
+    processes > 1, worker processes compile and read them (processes, not threads: hiprtc is not
+    thread-safe; concurrent compiles in one process crash it); the code cache is shared."""
+    requests = [(*r[:5], None if r[5] is None else tuple(r[5]), disassemble) for r in requests]
+    if not processes or processes < 2 or len(requests) < 2:
+        return [_inspect_request(r) for r in requests]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_inspect_request, requests, chunksize=max(1, len(requests) // (4 * processes))))
 
 
 # -- what makes the kernel fast, checked --------------------------------------------------
