@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Install what the tests need and run them: the README's test command, and what CI runs.
-# Debian's libamdhip64-5 (ROCm 5.2) provides hiprtc for the gfx compile tests.
+# Debian's libamdhip64-5 (ROCm 5.2) provides hiprtc for the gfx compile tests; Debian's llvm
+# provides llvm-objdump, which tests/test_inspect_amd.py reads the code objects with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! [ -e /usr/lib/x86_64-linux-gnu/libamdhip64.so.5 ] && command -v apt-get >/dev/null; then
+NEED=""
+[ -e /usr/lib/x86_64-linux-gnu/libamdhip64.so.5 ] || NEED="libamdhip64-5"
+command -v llvm-objdump >/dev/null || NEED="$NEED llvm"
+if [ -n "$NEED" ] && command -v apt-get >/dev/null; then
     SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libamdhip64-5 >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $NEED >/dev/null
 fi
 python3 -m pip install -q -e '.[test]'
 # torch for the int4jit.torch tests: 2.13.0 is the CPU build this machine kind carries on disk
