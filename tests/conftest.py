@@ -9,7 +9,8 @@ def _private_cache(tmp_path, monkeypatch):
     """Each test gets its own cache dir; no test reads the user's cache or another test's."""
     monkeypatch.setenv("INT4JIT_CACHE_DIR", str(tmp_path / "cache"))
     for var in ("INT4JIT_CONFIG", "MIGRAPHX_INT4_GEMV_CONFIG", "ORT_MIGRAPHX_EXHAUSTIVE_TUNE",
-                "INT4JIT_EXHAUSTIVE_TUNE", "INT4JIT_TUNE", "INT4JIT_BACKEND", "INT4JIT_KERNEL"):
+                "INT4JIT_EXHAUSTIVE_TUNE", "INT4JIT_TUNE", "INT4JIT_BACKEND", "INT4JIT_KERNEL", "INT4JIT_PDL",
+                "INT4JIT_TRACE", "MIGRAPHX_INT4_GEMV_TRACE"):
         monkeypatch.delenv(var, raising=False)
 
 
