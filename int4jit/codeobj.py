@@ -510,10 +510,10 @@ def amd_facts(binary: bytes, kernel: str, arch: str, disassemble: bool = True) -
     lds = int(md.get(".group_segment_fixed_size", 0))
     wgp = _amd_wgp_mode(binary, kernel, arch)
     occ = amd_occupancy(arch, block, vgprs, sgprs, lds, agprs, wgp)
-    counts, note = None, ""
+    counts, note = None, "not asked for (disassemble=False)"
     if disassemble:
         try:
-            counts = count_amd(amd_disassemble(binary, arch), kernel)
+            counts, note = count_amd(amd_disassemble(binary, arch), kernel), ""
         except ToolMissing as e:
             note = str(e)
     return CodeFacts("amd", arch, kernel, int(md.get(".wavefront_size", 64)), block, vgprs, sgprs, agprs,
@@ -564,10 +564,10 @@ def cuda_facts(binary: bytes, kernel: str, arch: str, block: int, disassemble: b
         regs = text.info >> 24
     shared = names.get(f".nv.shared.{kernel}")
     smem = shared.size if shared is not None else 0
-    counts, note = None, ""
+    counts, note = None, "not asked for (disassemble=False)"
     if disassemble:
         try:
-            counts = count_sass(cuda_disassemble(binary))
+            counts, note = count_sass(cuda_disassemble(binary)), ""
         except ToolMissing as e:
             note = str(e)
     spills = (counts.mnemonics.get("STL", 0) + sum(n for op, n in counts.mnemonics.items() if op.startswith("STL."))

@@ -237,8 +237,9 @@ def format_facts(facts: KernelFacts) -> str:
         f" (wave {c.wave})",
         f"  registers  {regs}",
         f"  spills     {'unknown (no disassembler; local frame ' + str(c.scratch_bytes) + ' B)' if c.spills is None else c.spills}"
+        f"{'' if c.vendor == 'amd' else ' local stores'}"
         f"; scratch {c.scratch_bytes} B a thread",
-        f"  {'LDS' if c.vendor == 'amd' else 'shared'}        {c.lds_bytes} B a block",
+        f"  {'LDS       ' if c.vendor == 'amd' else 'shared    '} {c.lds_bytes} B a block",
         f"  occupancy  {c.occupancy.blocks_per_cu} blocks/{unit}, "
         f"{c.occupancy.waves_per_simd:g} {'waves/SIMD' if c.vendor == 'amd' else 'warps/scheduler'}"
         f" (limited by {c.occupancy.limiter}); the tuner modelled {p.planned_blocks} blocks/{unit}",
@@ -253,7 +254,8 @@ def format_facts(facts: KernelFacts) -> str:
         lines.append(f"  math       {k.dot2} v_dot2_f32_f16, {k.mma} {'mfma/wmma' if c.vendor == 'amd' else 'HMMA'}, "
                      f"{k.fma_f32} fp32 FMA")
     problems = efficiency_problems(facts)
-    lines.append("  checks     " + ("all hold (docs/amd.md)" if not problems else "BROKEN:"))
+    rules = "docs/amd.md" if c.vendor == "amd" else "docs/amd.md rules 3-4: scratch, occupancy"
+    lines.append("  checks     " + (f"all hold ({rules})" if not problems else "BROKEN:"))
     lines += [f"    - {x}" for x in problems]
     return "\n".join(lines)
 

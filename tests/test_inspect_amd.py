@@ -181,3 +181,21 @@ def test_count_amd_reads_only_the_kernel():
     assert (c.dot2, c.scratch) == (1, 1)
     with pytest.raises(ValueError, match="not in the disassembly"):
         count_amd(text, "missing")
+
+
+def test_inspect_subcommand(capsys):
+    """add_arguments/run, as cli.py wires `int4jit inspect`: the heuristic's pick, one JSON line."""
+    import argparse
+    import json
+    reason = _hiprtc_reason()
+    if reason:
+        pytest.skip(reason)
+    parser = argparse.ArgumentParser()
+    inspection.add_arguments(parser)
+    assert inspection.run(parser.parse_args(["--shapes", "4096x4096", "--arch", "gfx90a", "--json"])) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["arch"], row["config"], row["spills"], row["problems"]) == ("gfx90a", "64,2", 0, [])
+    assert inspection.run(parser.parse_args(["--shapes", "4096x4096", "--arch", "gfx900", "--config", "32,16"])) == 1
+    assert "BROKEN" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--shapes", "4096"])
