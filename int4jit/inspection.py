@@ -49,38 +49,18 @@ def _modelled_blocks(model, block: int, regs_estimate: int) -> int:
 
 def _plan(shape: GemvShape, arch: str, config: LaunchConfig | None = None) -> Planned:
     """int4jit's own plan (INT4JIT_* variables included), no device: tiers 1-3 or the heuristic."""
-    from . import backends, tuner
-    arch = backends.module_for_arch(arch).parse_arch(arch)
-    model = tuner.device_model(arch)
-    try:
-        from .plan import plan
-    except ImportError:  # the tree before the KernelSpec planning step
-        return _plan_legacy(shape, arch, config, model)
+    from . import tuner
+    from .plan import plan
     p = plan(shape, arch, config=config)
     s = p.spec
-    return Planned(shape, arch, s.config, s.kernel, p.tier, p.reason, dict(s.params), s.block, s.grid,
-                   _modelled_blocks(model, s.config.BS, s.regs), s)
-
-
-def _plan_legacy(shape, arch, config, model) -> Planned:
-    from . import compiler, tuner
-    tier, reason = "override", "config= argument"
-    if config is None:
-        sel = tuner.select_config(shape, arch)
-        config, tier, reason = sel.config, sel.tier, sel.reason
-    geo = compiler.kernel_geometry(shape, config, arch)
-    kind = "simt" if geo.template == "gemv.hip" else "tc"
-    return Planned(shape, arch, config, kind, tier, reason, dict(geo.params), geo.block, geo.grid,
-                   _modelled_blocks(model, config.BS, geo.regs), (shape, config, arch))
+    return Planned(shape, s.arch, s.config, s.kernel, p.tier, p.reason, dict(s.params), s.block, s.grid,
+                   _modelled_blocks(tuner.device_model(s.arch), s.config.BS, s.regs), s)
 
 
 def _build(planned: Planned) -> tuple[bytes, str]:
     """(raw code object or cubin bytes, kernel symbol) of a plan, through int4jit's code cache."""
     from . import compiler
-    if hasattr(compiler, "build"):
-        compiled = compiler.build(planned.handle)
-    else:
-        compiled = compiler.compile_gemv(*planned.handle)
+    compiled = compiler.build(planned.handle)
     return compiled.binary, compiled.kernel
 
 
