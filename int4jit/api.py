@@ -13,7 +13,7 @@ from .arrays import describe
 from .backends._args import PackedArgs
 from .env import ALIASES
 from .launch import Kernel, load
-from .plan import plan, read_env
+from .plan import config_override, plan, read_env
 from .shapes import GemvShape
 from .validate import validate, validate_x
 
@@ -194,6 +194,8 @@ def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=N
     default the framework's current stream). Returns an array of the kind of x.
     config=(BS, TN) or 'BS,TN[,field=value...]' forces the launch geometry and variant.
     """
+    if config is not None:
+        config_override(config)  # a malformed config fails before any device or copy is touched
     if perm is not None:
         x = _permuted(x, perm, describe("w", w).shape[-1] * 2)
     fast_key = None

@@ -56,9 +56,9 @@ class Variant:
     loads: int = 4
     prefetch: int = 1
 
-    def text(self) -> str:
-        """Only the fields that differ from the defaults: 'streaming=1,kcluster=2'."""
-        base = Variant()
+    def text(self, base: "Variant | None" = None) -> str:
+        """Only the fields that differ from `base` (the defaults): 'streaming=1,kcluster=2'."""
+        base = base or Variant()
         return ",".join(f"{f.name}={int(getattr(self, f.name))}" for f in fields(self)
                         if getattr(self, f.name) != getattr(base, f.name))
 
@@ -134,7 +134,7 @@ class KernelSpec:
 
     def label(self) -> str:
         """'128,4' or '128,4,streaming=1': the override syntax, and the tuner's candidate name."""
-        v = self.variant.text() if self.kernel == "tc" else ""
+        v = self.variant.text(Variant(prefetch=int(self.pdl))) if self.kernel == "tc" else ""
         return f"{self.config}" + (f",{v}" if v else "")
 
     def param(self, name: str):
@@ -192,17 +192,17 @@ def default_variant(shape: GemvShape, kernel: str, config: LaunchConfig) -> Vari
 
 
 def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str,
-                  exhaustive: bool = False) -> list[Variant]:
+                  exhaustive: bool = False, pdl: bool = True) -> list[Variant]:
     """The variants the tuner measures at one (BS, TN), the default first. The default search
     flips one field at a time (streaming, one_wave, loads, prefetch); exhaustive adds kcluster
     (sm_90) and raw_a combinations."""
-    base = default_variant(shape, kernel, config)
     if kernel == "simt":
-        return [base]
+        return [SIMT_VARIANT]
+    base = normalise_variant(shape, config, arch, default_variant(shape, kernel, config), pdl)
     out = [base]
 
     def add(v: Variant):
-        v = normalise_variant(shape, config, arch, v)
+        v = normalise_variant(shape, config, arch, v, pdl)
         if v not in out:
             out.append(v)
 
@@ -223,14 +223,14 @@ def arch_number(arch: str) -> int:
     return int(arch[3:].rstrip("af")) if arch.startswith("sm_") else 0
 
 
-def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant) -> Variant:
+def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant, pdl: bool = True) -> Variant:
     """The variant as it will be built: fields that cannot apply are reset (raw_a needs
-    streaming; kcluster needs sm_90 and K of two steps or more; prefetch needs PDL, i.e. sm_90)."""
+    streaming; kcluster needs sm_90 and K of two steps or more; prefetch needs PDL on sm_90)."""
     if not v.streaming and v.raw_a:
         v = replace(v, raw_a=False)
     if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster):
         v = replace(v, kcluster=1)
-    if v.prefetch and arch_number(arch) < 90:
+    if v.prefetch and (arch_number(arch) < 90 or not pdl):
         v = replace(v, prefetch=0)
     return v
 
@@ -261,7 +261,7 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
     """gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows a warp); the BS/32 warps of a
     block split K in steps of 128 elements (no more warps than steps). Groups under 128 walk K in
     contiguous ranges per warp, larger groups interleave the warps' steps."""
-    v = normalise_variant(shape, cfg, arch, v)
+    v = normalise_variant(shape, cfg, arch, v, pdl)
     tw = cfg.TN // 2
     steps = _ceil(shape.K, 128)
     kc = v.kcluster
@@ -276,7 +276,7 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
     cpp = lambda b: "true" if b else "false"
     params = (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", cpp(shape.group < 128)),
               ("STREAMING", cpp(v.streaming)), ("XSMEM", cpp(xsmem)), ("RAW_A", cpp(v.raw_a)),
-              ("KCLUSTER", kc), ("PREFETCH", v.prefetch if pdl else 0),
+              ("KCLUSTER", kc), ("PREFETCH", v.prefetch),
               ("KERNEL_ATTRS", (f"__cluster_dims__({kc}, 1, 1) " if kc > 1 else "")
                + (f"__launch_bounds__({cfg.BS}, {min_blocks})" if min_blocks else f"__launch_bounds__({cfg.BS})")))
     return KernelSpec(

@@ -264,7 +264,7 @@ def variant_specs(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig
     """Stage 2: the variant space at one (BS, TN), the default first."""
     sms = device.sm_count if device is not None else None
     specs = []
-    for v in variant_space(shape, kernel, config, arch, exhaustive):
+    for v in variant_space(shape, kernel, config, arch, exhaustive, pdl):
         s = make_spec(shape, arch, kernel, config, v, pdl=pdl, sm_count=sms)
         if s not in specs:
             specs.append(s)

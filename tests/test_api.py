@@ -94,8 +94,6 @@ def test_bad_config_names_the_argument(config):
         plan.config_override(config)
 
 
-@pytest.mark.xfail(strict=True, reason="int4jit bug: gemv checks config= only when planning, after "
-                   "backends.device() has opened the GPU (and the numpy path has copied the arrays)")
 @pytest.mark.parametrize("config", BAD_CONFIGS, ids=str)
 def test_bad_config_is_refused_before_the_backend(config):
     with pytest.raises(ValueError, match="config"):

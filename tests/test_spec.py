@@ -188,9 +188,6 @@ def test_variant_space_of_simt_is_its_one_variant():
     assert variant_space(SHAPE, "simt", CFG, "sm_90", True) == [SIMT_VARIANT]
 
 
-@pytest.mark.xfail(strict=True, reason="int4jit bug: variant_space does not normalise its first "
-                   "(default) entry, so on sm_80 the default (prefetch=1) and its prefetch=0 flip "
-                   "are the same build listed twice")
 def test_variant_space_on_sm_80_lists_each_build_once():
     space = variant_space(SHAPE, "tc", CFG, "sm_80", False)
     built = [normalise_variant(SHAPE, CFG, "sm_80", v) for v in space]
@@ -235,9 +232,6 @@ def test_override_variant_reaches_the_spec(arch, kcluster, monkeypatch):
     assert p.spec.config == LaunchConfig(64, 8) and p.spec.variant.loads == 8 and p.reason == "config= argument"
 
 
-@pytest.mark.xfail(strict=True, reason="int4jit bug: without PDL on sm_90 the prefetch field is not "
-                   "normalised (PREFETCH renders as 0 either way), so prefetch=0 and prefetch=1 are two keys "
-                   "for one build and the tuner measures the same kernel twice under INT4JIT_PDL=0")
 def test_prefetch_without_pdl_is_one_build_one_key():
     v = default_variant(SHAPE, "tc", CFG)
     a, b = _spec(pdl=False, variant=replace(v, prefetch=0)), _spec(pdl=False, variant=replace(v, prefetch=1))
