@@ -92,8 +92,7 @@ def elf_symbol(binary: bytes, name: str) -> tuple[Section, int, int] | None:
 # -- msgpack (the AMDGPU metadata note): the subset LLVM writes, decoding only ---------------
 def msgpack_decode(data: bytes):
     """Decode one msgpack value (maps, arrays, strings, ints, floats, bools, nil, bin)."""
-    value, end = _mp(data, 0)
-    return value
+    return _mp(data, 0)[0]
 
 
 def _mp(d: bytes, i: int):
@@ -499,8 +498,8 @@ def _amd_wgp_mode(binary: bytes, kernel: str, arch: str) -> bool:
 def amd_facts(binary: bytes, kernel: str, arch: str, disassemble: bool = True) -> CodeFacts:
     """Facts of `kernel` in an AMD code object (raw ELF bytes from hiprtc: no int4jit header)."""
     md = amd_kernel_metadata(binary, kernel)
-    target = md_arch = amd_metadata(binary).get("amdhsa.target", "")
-    if md_arch and f"--{arch}" not in md_arch:
+    target = amd_metadata(binary).get("amdhsa.target", "")
+    if target and f"--{arch}" not in target:
         raise ValueError(f"code object is for {target}, not {arch}")
     block = int(md.get(".max_flat_workgroup_size", 0))
     reqd = md.get(".reqd_workgroup_size")
