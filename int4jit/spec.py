@@ -54,7 +54,7 @@ class Variant:
     kcluster: int = 1
     one_wave: bool = False
     loads: int = 4
-    prefetch: int = 1
+    prefetch: int = 0
 
     def text(self, base: "Variant | None" = None) -> str:
         """Only the fields that differ from `base` (the defaults): 'streaming=1,kcluster=2'."""
@@ -134,7 +134,7 @@ class KernelSpec:
 
     def label(self) -> str:
         """'128,4' or '128,4,streaming=1': the override syntax, and the tuner's candidate name."""
-        v = self.variant.text(Variant(prefetch=int(self.pdl))) if self.kernel == "tc" else ""
+        v = self.variant.text() if self.kernel == "tc" else ""
         return f"{self.config}" + (f",{v}" if v else "")
 
     def param(self, name: str):

@@ -90,6 +90,10 @@ class Int4Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float16)
         return cls(w, s, z, bias).to(linear.weight.device)
 
+    def __getstate__(self):  # copy/pickle: the prepared launch is per process, made again on use
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        return {**state, "_layer": None}
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"symmetric={self.zeros is None}, bias={self.bias is not None}")

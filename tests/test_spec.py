@@ -37,7 +37,7 @@ def test_key_is_the_same_for_the_same_build():
     {"variant": replace(default_variant(SHAPE, "tc", CFG), kcluster=2)},
     {"variant": replace(default_variant(SHAPE, "tc", CFG), one_wave=True)},
     {"variant": replace(default_variant(SHAPE, "tc", CFG), loads=8)},
-    {"variant": replace(default_variant(SHAPE, "tc", CFG), prefetch=0)},
+    {"variant": replace(default_variant(SHAPE, "tc", CFG), prefetch=1)},
     {"variant": replace(default_variant(SHAPE, "tc", CFG), prefetch=2)},
     {"config": LaunchConfig(256, 4)}, {"config": LaunchConfig(128, 8)},
     {"pdl": False},

@@ -151,7 +151,7 @@ def test_tc_kcluster_compiles_for_sm_90_and_the_template_refuses_sm_80():
     (Variant(one_wave=True), "__launch_bounds__(128, 7)"),   # 896 blocks on 132 SMs
     (Variant(loads=8), "constexpr int UNROLL = 2;"),         # 8 loads over 2 tiles a warp
     (Variant(prefetch=2), "constexpr int PREFETCH = 2;"),
-    (Variant(prefetch=0), "constexpr int PREFETCH = 0;")])
+    (Variant(prefetch=1), "constexpr int PREFETCH = 1;")])
 def test_tc_variant_field_reaches_the_source_and_compiles(variant, text):
     spec = make_spec(GemvShape(28672, 4096, 32, False), "sm_90", "tc", LaunchConfig(128, 4), variant, pdl=True,
                      sm_count=132)

@@ -67,8 +67,7 @@ __device__ __forceinline__ void pair_x(u32x4 v, u32 p[4]) {
 extern "C" __global__ void __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y) {
-    I4_GRID_LAUNCH_DEPENDENTS();  // PDL (sm_90): the next kernel may launch once every block has started
-    I4_GRID_WAIT();               // the previous kernel's writes (x) are visible after this
+    I4_GRID_WAIT();  // PDL (sm_90): the previous kernel's writes (x) are visible after this
     const int tid = threadIdx.x;
     const int lane = tid % KT;
     const int rg = tid / KT;
@@ -144,6 +143,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
         }
     }
 
+    I4_GRID_LAUNCH_DEPENDENTS();  // this block's loads are done: the next kernel may launch
     // Sum each row over the KT threads of its group: shuffles inside a warp,
     // then shared memory across the warps of a group.
     constexpr int SHUFFLE_SPAN = KT < I4_WARP ? KT : I4_WARP;
