@@ -22,6 +22,14 @@ def _model(dtype):
     return transformers.LlamaForCausalLM(cfg).to("cuda", dtype).eval()
 
 
+class _Float32Linear(torch.nn.Linear):
+    """nn.Linear holding the dequantised weight in float32 and computing in float32 (x cast up,
+    y cast back): the reference is not itself rounded to bf16 weights."""
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x.float(), self.weight, self.bias).to(x.dtype)
+
+
 def _dequantised_copy(qmodel, dtype):
     """The same model with each Int4Linear replaced by nn.Linear holding its dequantised weight."""
     import copy
@@ -29,8 +37,8 @@ def _dequantised_copy(qmodel, dtype):
     for name, module in list(ref.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, Int4Linear):
-                lin = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
-                                      device="cuda", dtype=dtype)
+                lin = _Float32Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                     device="cuda", dtype=torch.float32)
                 with torch.no_grad():
                     lin.weight.copy_(_unpack_dequantize(child.w, child.scales, child.zeros, torch.float32))
                     if child.bias is not None:
