@@ -70,12 +70,14 @@ class Int4Linear(nn.Module):
     once per call on the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised weight is kept per module
     (up to CPU_DENSE_CACHE_BYTES). The first fallback of a module logs a warning naming why."""
 
-    def __init__(self, w, scales, zeros=None, bias=None):
+    def __init__(self, w, scales, zeros=None, bias=None, perm=None):
         super().__init__()
         as_t = lambda a: a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
         self.register_buffer("w", as_t(w))
         self.register_buffer("scales", as_t(scales))
         self.register_buffer("zeros", None if zeros is None else as_t(zeros))
+        # act-order checkpoints: x is gathered as x[..., perm] first (int64 for index_select)
+        self.register_buffer("perm", None if perm is None else as_t(perm).to(torch.int64))
         self.bias = None if bias is None else nn.Parameter(as_t(bias).detach().clone(), requires_grad=False)
         self.out_features, self.in_features = self.w.shape[0], 2 * self.w.shape[1]
         self.group_size = self.in_features // self.scales.shape[1]
@@ -94,9 +96,16 @@ class Int4Linear(nn.Module):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         return {**state, "_layer": None}
 
+    @classmethod
+    def from_weights(cls, weights) -> "Int4Linear":
+        """From a converter's result (int4jit.Int4Weights: from_gptq, from_awq, from_matmulnbits,
+        onnx.load's nodes), act-order permutation and bias included."""
+        return cls(weights.w, weights.scales, weights.zeros, getattr(weights, "bias", None),
+                   getattr(weights, "perm", None))
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
-                f"symmetric={self.zeros is None}, bias={self.bias is not None}")
+                f"symmetric={self.zeros is None}, bias={self.bias is not None}, act_order={self.perm is not None}")
 
     def _prepared(self) -> GemvWeights:
         layer = self._layer
@@ -107,6 +116,8 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
         if x.is_cuda and x.numel() == self.in_features and x.dtype in (torch.float16, torch.bfloat16):
             xh = x if x.dtype == torch.float16 else x.to(torch.float16)
             if torch.compiler.is_compiling():

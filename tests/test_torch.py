@@ -117,3 +117,22 @@ def test_custom_op_is_registered_with_a_fake_implementation():
         s = torch.empty(512, 32, dtype=torch.float16)
         y = torch.ops.int4jit.gemv(x, w, s, None)
         assert y.shape == (1, 1, 512) and y.dtype == torch.float16
+
+
+def test_act_order_layer_permutes_x_on_the_cpu():
+    """Int4Linear.from_weights keeps an act-order permutation: y = W_canonical @ x[perm] (+ bias)."""
+    rng = np.random.default_rng(1)
+    N, K, G = 32, 256, 32
+    q = rng.integers(0, 16, (N, K), dtype=np.uint8)
+    w = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    s = (rng.random((N, K // G)) * 0.05 + 0.01).astype(np.float16)
+    z = rng.integers(0, 16, (N, K // G), dtype=np.uint8)
+    perm = rng.permutation(K).astype(np.int32)
+    bias = rng.standard_normal(N).astype(np.float16)
+    layer = Int4Linear.from_weights(int4jit.Int4Weights(w, s, z, perm=perm, bias=bias))
+    x = rng.standard_normal((2, K)).astype(np.float32)
+    y = layer(torch.from_numpy(x)).double().numpy()
+    W = int4jit.dequantize(w, s, z).astype(np.float64)
+    ref = x[:, perm].astype(np.float64) @ W.T + bias.astype(np.float64)
+    assert np.allclose(y, ref, rtol=1e-4, atol=1e-4)
+    assert "act_order=True" in repr(layer)
