@@ -13,7 +13,7 @@ def main():
     ap.add_argument("--shapes", default="4096x14336,4096x4096,28672x4096", help="comma-separated NxK")
     ap.add_argument("--group", type=int, default=128)
     args = ap.parse_args()
-    gpu_or_exit()
+    gpu_or_exit("act_order.py")
     import torch
     for text in args.shapes.split(","):
         N, K = map(int, text.split("x"))
