@@ -15,6 +15,7 @@ from .env import ALIASES
 from .launch import Kernel, load
 from .plan import config_override, plan, read_env
 from .shapes import GemvShape
+from .trace import trace
 from .validate import validate, validate_x
 
 _ENV_KEYS = tuple(v for name in ("INT4JIT_CONFIG", "INT4JIT_EXHAUSTIVE_TUNE", "INT4JIT_TUNE", "INT4JIT_KERNEL",
@@ -241,8 +242,11 @@ class GemvWeights:
         self.shape, infos, _ = validate(probe, w, scales, zeros, None)
         if not infos[1].on_device:
             raise TypeError("GemvWeights holds device tensors; for numpy arrays call int4jit.gemv")
-        if zeros is not None and int(zeros.max()) > 15:
-            raise ValueError(f"zeros must hold zero points 0..15; got a maximum of {int(zeros.max())}")
+        if zeros is not None:
+            if torch.cuda.is_current_stream_capturing():  # a reduction would sync inside the capture
+                trace("GemvWeights made during graph capture: zero points not range-checked")
+            elif int(zeros.max()) > 15:
+                raise ValueError(f"zeros must hold zero points 0..15; got a maximum of {int(zeros.max())}")
         self.w, self.scales, self.zeros, self.perm = w, scales, zeros, perm
         self.device_index = infos[1].device[1]
         self.device = backends.device(self.device_index)
@@ -284,25 +288,28 @@ class GemvWeights:
         return self._launch
 
     def __call__(self, x, out=None):
-        """y [N] (or [1, N]) for x [K] (or [1, K]) float16 on the weights' device, on torch's
-        current stream. A new x and out every call are fine."""
+        """y [..., N] for one float16 token x [..., K] on the weights' device, on torch's current
+        stream. A new x and out every call are fine."""
         torch = self._torch
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        if x.dtype != torch.float16 or not x.is_cuda or x.device.index != self.device_index \
-                or x.shape[-1] != self.K or x.numel() != self.K or not x.is_contiguous():
+        if x.dtype is not torch.float16 or x.get_device() != self.device_index \
+                or x.numel() != self.K or x.shape[-1] != self.K or not x.is_contiguous():
             validate_x(x, self.K, self.device_index)
         if out is None:
-            out = torch.empty(x.shape[:-1] + (self.N,), dtype=torch.float16, device=x.device)
+            out = x.new_empty(x.shape[:-1] + (self.N,))
         elif out.dtype != torch.float16 or out.numel() != self.N or not out.is_contiguous() \
                 or out.device != x.device:
             raise ValueError(f"out must be a contiguous float16 tensor of {self.N} elements on {x.device}; "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        x_ptr = x.data_ptr()
+        if x_ptr & 15:  # a view at an odd offset: the kernel reads x in 16-byte loads
+            validate_x(x, self.K, self.device_index)
         stream = self._stream_of(self.device_index)
         launch = self._kernel(stream)
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
-            v[0] = x.data_ptr()
+            v[0] = x_ptr
             v[4] = out.data_ptr()
             launch(self._args, stream)
         return out

@@ -103,9 +103,9 @@ def validate(x, w, scales, zeros, out):
 def validate_x(x, K: int, device_index: int):
     """Raise the error a new activation for a prepared layer deserves (it failed the fast check)."""
     xi = describe("x", x)
-    _dtype(xi, "float16", f"[{K}] or [1, {K}]")
-    if tuple(xi.shape) not in ((K,), (1, K)):
-        _fail(ValueError, "x", f"[{K}] or [1, {K}] (one token)", f"shape {xi.shape}")
+    _dtype(xi, "float16", f"[..., {K}] holding one token")
+    if not xi.shape or xi.shape[-1] != K or any(d != 1 for d in xi.shape[:-1]):
+        _fail(ValueError, "x", f"[{K}], [1, {K}] or [1, ..., 1, {K}] (one token)", f"shape {xi.shape}")
     _contiguous(xi)
     if not xi.on_device or xi.device[1] != device_index:
         _fail(ValueError, "x", f"on GPU {device_index}, where the weights are",
