@@ -55,7 +55,9 @@ def test_pdl_only_where_the_device_has_it(supports, env, expected, monkeypatch):
         monkeypatch.setenv("INT4JIT_PDL", env)
     dev = StandInDevice("sm_90", supports_overlap=supports)
     spec = _planned(dev, GemvShape(4096, 4096, 128, False))
-    assert spec.pdl is expected and spec.param("PREFETCH") == (1 if expected else 0)
+    assert spec.pdl is expected and spec.param("PREFETCH") == 0  # prefetch is a searched variant, off by default
+    with_prefetch = _planned(dev, GemvShape(4096, 4096, 128, False), config="512,2,prefetch=1")
+    assert with_prefetch.param("PREFETCH") == (1 if expected else 0)  # only where PDL launches it
     k = launch.load(dev, spec)
     k(1, 2, 3, 4, 5)
     assert dev.launches[-1][3] is expected
