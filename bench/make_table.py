@@ -6,7 +6,7 @@ heuristic can be scored against the winners (bench/score_heuristic.py).
 
 TODO(api): this script still reaches into int4jit internals (plan.target, tuner.autotune(shape,
 kernel, dev, exhaustive=True) -> (record with .candidates/.us/.config, winning spec),
-tuner.TABLE_PATH, backends.device(), GemvShape.key()/.weight_bytes). It needs a public tuning API that returns, per shape, the winning
+tuner.TABLE_PATH, backends.device(), GemvShape.key()/.bytes_moved). It needs a public tuning API that returns, per shape, the winning
 spec (config + variant record) and every candidate's time, and a public way to write a
 table.json row -- e.g. `int4jit tune N K --exhaustive --json` and `int4jit table merge FILE`.
 Switch to those once the planner refactor (issue 17) lands; until then keep it working as is.
@@ -63,7 +63,7 @@ def main():
                                          "model": model, **({"variant": variant} if variant else {})}
                     detail["records"][shape.key()] = rec.candidates
                     print(f"{model:13s} {shape.key():24s} -> {best.label()} {rec.us:8.2f} us "
-                          f"({shape.weight_bytes / rec.us / 1e3:5.0f} GB/s) tuned in {time.perf_counter() - t0:.1f} s",
+                          f"({shape.bytes_moved / rec.us / 1e3:5.0f} GB/s) tuned in {time.perf_counter() - t0:.1f} s",
                           flush=True)
                     write(args, table, detail, dev.arch)  # after every shape: a cut-off run keeps its rows
     out = write(args, table, detail, dev.arch)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 import threading
 import weakref
 
@@ -14,7 +15,7 @@ from .backends._args import PackedArgs
 from .env import ALIASES
 from .launch import Kernel, load
 from .plan import config_override, plan, read_env
-from .shapes import GemvShape
+from .shapes import MAX_TOKENS, GemvShape
 from .trace import trace
 from .validate import validate, validate_x
 
@@ -169,7 +170,7 @@ def _gemv_host(shape, infos, out_shape, config, stream):
             p = dev.alloc(a.nbytes)
             ptrs.append(p)
             dev.copy_htod(p, a, s)
-        y_ptr = dev.alloc(2 * shape.N)
+        y_ptr = dev.alloc(2 * shape.M * shape.N)
         ptrs.append(y_ptr)
         kernel_for(dev, shape, config, s)(*ptrs[:5], s)
         out = infos[4].obj if infos[4] is not None else np.empty(out_shape, dtype=np.float16)
@@ -257,6 +258,7 @@ class GemvWeights:
         self._launch = None
         self._env = None
         self._dense_launch: dict = {}
+        self._batch: dict = {}
         self._lock = threading.Lock()
 
     def dense(self, out):
@@ -280,6 +282,17 @@ class GemvWeights:
             launch(self._args, self._stream_of(self.device_index))
         return out
 
+    def _batch_kernel(self, stream: int, tokens: int, dtype):
+        """The launch for `tokens` tokens of `dtype` (the tc_batch kernel), planned once each."""
+        env = _env_state()
+        key = (tokens, dtype, env)
+        launch = self._batch.get(key)
+        if launch is None:
+            name = "bfloat16" if dtype is self._torch.bfloat16 else "float16"
+            shape = replace(self.shape, M=tokens, dtype=name)
+            launch = self._batch[key] = kernel_for(self.device, shape, None, stream).launch_packed
+        return launch
+
     def _kernel(self, stream: int):
         env = _env_state()
         if self._launch is None or env != self._env:
@@ -293,20 +306,22 @@ class GemvWeights:
         torch = self._torch
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        if x.dtype is not torch.float16 or x.get_device() != self.device_index \
-                or x.numel() != self.K or x.shape[-1] != self.K or not x.is_contiguous():
+        dt = x.dtype
+        tokens = x.numel() // self.K
+        if (dt is not torch.float16 and dt is not torch.bfloat16) or x.get_device() != self.device_index \
+                or x.shape[-1] != self.K or not 1 <= tokens <= MAX_TOKENS or not x.is_contiguous():
             validate_x(x, self.K, self.device_index)
         if out is None:
             out = x.new_empty(x.shape[:-1] + (self.N,))
-        elif out.dtype != torch.float16 or out.numel() != self.N or not out.is_contiguous() \
+        elif out.dtype != dt or out.numel() != tokens * self.N or not out.is_contiguous() \
                 or out.device != x.device:
-            raise ValueError(f"out must be a contiguous float16 tensor of {self.N} elements on {x.device}; "
+            raise ValueError(f"out must be a contiguous {dt} tensor of {tokens} x {self.N} elements on {x.device}; "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
         x_ptr = x.data_ptr()
         if x_ptr & 15:  # a view at an odd offset: the kernel reads x in 16-byte loads
             validate_x(x, self.K, self.device_index)
         stream = self._stream_of(self.device_index)
-        launch = self._kernel(stream)
+        launch = self._kernel(stream) if tokens == 1 and dt is torch.float16 else self._batch_kernel(stream, tokens, dt)
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
             v[0] = x_ptr

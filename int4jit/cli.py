@@ -160,7 +160,7 @@ def cmd_run(args) -> int:
             dev.destroy_stream(stream)
             bufs.free()
         rows.append((f"{N}x{K}", p.spec.label(), p.tier, f"{setup:.2f}", f"{us:.2f}",
-                     f"{shape.weight_bytes / us / 1e3:.0f}", f"{err:.1e}"))
+                     f"{shape.bytes_moved / us / 1e3:.0f}", f"{err:.1e}"))
     _print_table(["shape", "BS,TN", "tier", "select s", "us", "GB/s", "rel err"], rows)
     return 0 if ok else 1
 
@@ -246,7 +246,7 @@ def cmd_tune(args) -> int:
     for label, t in rec.candidates.items():
         mark = ("winner " if label == best.label() else "") + ("heuristic" if label == str(first) else "")
         rows.append((label, "failed" if t is None else f"{t:.2f}",
-                     "" if t is None else f"{shape.weight_bytes / t / 1e3:.0f}", mark.strip()))
+                     "" if t is None else f"{shape.bytes_moved / t / 1e3:.0f}", mark.strip()))
     _print_table(["BS,TN[,variant]", "us", "GB/s", ""], rows)
     print(f"{shape.key()} on {device.name} ({kernel} kernel): {best.label()} at {rec.us:.2f} us; "
           f"{len(rec.candidates)} candidates measured in {wall:.2f} s; stored in {tuner.TuningDB(device.arch).path}")

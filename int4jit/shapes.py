@@ -8,13 +8,21 @@ DEFAULT_GRID_BS, DEFAULT_GRID_TN = (64, 128, 256), (2, 4, 8)
 EXHAUSTIVE_GRID_BS, EXHAUSTIVE_GRID_TN = (32, 64, 128, 256, 512), (2, 4, 8, 16)
 
 
+ACTIVATION_DTYPES = ("float16", "bfloat16")
+MAX_TOKENS = 16  # tokens (M) one GEMV launch serves; more is prefill (dequantise + matmul)
+
+
 @dataclass(frozen=True, order=True)
 class GemvShape:
-    """One GEMV problem: y[N] = dequant(w)[N, K] @ x[K], groups of `group` along K."""
+    """One GEMV problem: y[M, N] = x[M, K] @ dequant(w)[N, K]^T, groups of `group` along K.
+    dtype: the activations' (and output's) type; scale_dtype: the scales'."""
     N: int
     K: int
     group: int
     symmetric: bool
+    M: int = 1
+    dtype: str = "float16"
+    scale_dtype: str = "float16"
 
     def __post_init__(self):
         if self.group not in SUPPORTED_GROUPS:
@@ -23,15 +31,29 @@ class GemvShape:
             raise ValueError(f"N and K must be positive; got N={self.N}, K={self.K}")
         if self.K % self.group:
             raise ValueError(f"K={self.K} must be a multiple of the group size {self.group}")
+        if not 1 <= self.M <= MAX_TOKENS:
+            raise ValueError(f"M={self.M} tokens: one GEMV launch serves 1..{MAX_TOKENS}")
+        if self.dtype not in ACTIVATION_DTYPES or self.scale_dtype not in ACTIVATION_DTYPES:
+            raise ValueError(f"activations and scales must be one of {ACTIVATION_DTYPES}; "
+                             f"got {self.dtype} and {self.scale_dtype}")
 
     @property
-    def weight_bytes(self) -> int:
+    def bytes_moved(self) -> int:
         """Bytes a call must move: int4 weights, scales, zero points, x and y."""
         groups = self.N * (self.K // self.group)
-        return self.N * self.K // 2 + 2 * groups + (0 if self.symmetric else groups) + 2 * self.K + 2 * self.N
+        return (self.N * self.K // 2 + 2 * groups + (0 if self.symmetric else groups)
+                + 2 * self.M * (self.K + self.N))
+
+    @property
+    def plain(self) -> bool:
+        """One fp16 token with fp16 scales: what the simt and tc kernels serve."""
+        return self.M == 1 and self.dtype == "float16" and self.scale_dtype == "float16"
 
     def key(self) -> str:
-        return f"{self.N}x{self.K}/g{self.group}/{'sym' if self.symmetric else 'asym'}"
+        """'4096x4096/g128/asym', with '/m8', '/bfloat16', '/sbfloat16' where they differ."""
+        extra = (f"/m{self.M}" if self.M > 1 else "") + (f"/{self.dtype}" if self.dtype != "float16" else "") \
+            + (f"/s{self.scale_dtype}" if self.scale_dtype != "float16" else "")
+        return f"{self.N}x{self.K}/g{self.group}/{'sym' if self.symmetric else 'asym'}{extra}"
 
 
 @dataclass(frozen=True, order=True)

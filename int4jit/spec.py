@@ -17,8 +17,8 @@ from pathlib import Path
 from .shapes import GemvShape, LaunchConfig
 
 TEMPLATES = Path(__file__).parent / "templates"
-KERNELS = ("simt", "tc")          # the GEMV kernels
-TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip", "dequant": "dequant.hip"}
+KERNELS = ("simt", "tc", "tc_batch")   # the GEMV kernels
+TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip", "tc_batch": "gemv_tc_batch.hip", "dequant": "dequant.hip"}
 PRELUDES = ("prelude_cuda.hip", "prelude_hip.hip")
 SPEC_SCHEMA = 2
 
@@ -162,7 +162,14 @@ def tc_possible(shape: GemvShape, tensor_cores: bool) -> bool:
 def choose_kernel(shape: GemvShape, tensor_cores: bool, requested: str = "auto") -> str:
     """`tc` where the target has the m16n8k16 step, K is whole 16-byte loads and N is large
     enough; `simt` elsewhere. requested='simt'|'tc' asks for one (tc where it cannot serve is a
-    ValueError: nothing falls back silently)."""
+    ValueError: nothing falls back silently). Several tokens or bf16 take `tc_batch`, which needs
+    the tensor-core step (NotImplementedError elsewhere, AMD included)."""
+    if not shape.plain:
+        if not tc_possible(shape, tensor_cores):
+            raise NotImplementedError(
+                f"{shape.key()}: several tokens or bf16 run on the tc_batch kernel, which needs an NVIDIA "
+                f"sm_80+ target and K % 32 == 0 (one fp16 token runs everywhere)")
+        return "tc_batch"
     if requested == "simt":
         return "simt"
     if requested == "tc":
@@ -184,7 +191,7 @@ TC_RAW_MIN_TILES = 2
 
 def default_variant(shape: GemvShape, kernel: str, config: LaunchConfig) -> Variant:
     """The variant a (shape, config) gets without tuning: the measured rules."""
-    if kernel == "simt":
+    if kernel != "tc":
         return SIMT_VARIANT
     streaming = (shape.group >= 128 and shape.K >= TC_STREAM_MIN_K
                  and shape.N * shape.K >= TC_STREAM_MIN_WEIGHTS)
@@ -196,7 +203,7 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
     """The variants the tuner measures at one (BS, TN), the default first. The default search
     flips one field at a time (streaming, one_wave, loads, prefetch); exhaustive adds kcluster
     (sm_90) and raw_a combinations."""
-    if kernel == "simt":
+    if kernel != "tc":
         return [SIMT_VARIANT]
     base = normalise_variant(shape, config, arch, default_variant(shape, kernel, config), pdl)
     out = [base]
@@ -286,6 +293,27 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
         regs=48 + cfg.TN * unroll * 6 + 4 * tw)
 
 
+def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool) -> KernelSpec:
+    """gemv_tc_batch.hip (1..16 tokens, fp16 or bf16): TN/2 tiles of 16 rows a warp, the BS/32
+    warps of a block split K by steps of 128 (no more warps than steps, nor than the shared memory
+    their M x rows sums need)."""
+    tw = cfg.TN // 2
+    rows_per_block = 16 * tw
+    steps = _ceil(shape.K, 128)
+    ksplit = max(1, min(cfg.BS // 32, steps, STATIC_SMEM_LIMIT // (4 * shape.M * rows_per_block)))
+    per_warp = _ceil(steps, ksplit)
+    unroll = max(1, min(4 // (2 * tw) if tw <= 2 else 1, per_warp))
+    cpp = lambda b: "true" if b else "false"
+    params = (("M", shape.M), ("BF16", cpp(shape.dtype == "bfloat16")),
+              ("SCALE_BF16", cpp(shape.scale_dtype == "bfloat16")), ("KSPLIT", ksplit), ("TW", tw),
+              ("UNROLL", unroll))
+    return KernelSpec(
+        shape, arch, "tc_batch", cfg, SIMT_VARIANT, params, _ceil(shape.N, rows_per_block), 32 * ksplit, pdl,
+        rows_per_block=rows_per_block, k_efficiency=(shape.K // 32) / (4 * ksplit * per_warp),
+        inflight_bytes=cfg.TN * unroll * 16, thread_bytes=cfg.TN * per_warp * 16,
+        regs=64 + cfg.TN * unroll * 6 + 8 * tw * _ceil(shape.M, 8))
+
+
 # Multiprocessors of known targets, for specs made without a device (compile-only, the heuristic).
 KNOWN_SMS = {"sm_90": 132, "sm_80": 108, "sm_89": 128, "sm_86": 84, "sm_100": 148, "sm_120": 170,
              "gfx90a": 110, "gfx942": 304, "gfx908": 120, "gfx1030": 40, "gfx1100": 48, "gfx1151": 40}
@@ -298,9 +326,11 @@ def make_spec(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, va
         raise ValueError(f"unknown kernel {kernel!r}: expected one of {KERNELS}")
     if variant is None:
         variant = default_variant(shape, kernel, config)
-    if kernel == "simt":
+    if kernel != "tc":
         if variant not in (SIMT_VARIANT, Variant()):
-            raise ValueError(f"the simt kernel has no variant fields; got {variant.text()!r}")
+            raise ValueError(f"the {kernel} kernel has no variant fields; got {variant.text()!r}")
+        if kernel == "tc_batch":
+            return _tc_batch_spec(shape, arch, config, pdl)
         return _simt_spec(shape, arch, config, pdl)
     return _tc_spec(shape, arch, config, variant, pdl, sm_count or KNOWN_SMS.get(arch, 64))
 
@@ -317,5 +347,6 @@ def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -
     words = shape.N * shape.K // 8
     return KernelSpec(
         shape, arch, "dequant", LaunchConfig(DEQUANT_BLOCK, 2), SIMT_VARIANT,
-        (("OUT_BF16", "true" if out_dtype == "bfloat16" else "false"),), _ceil(words, DEQUANT_BLOCK),
+        (("OUT_BF16", "true" if out_dtype == "bfloat16" else "false"),
+         ("SCALE_BF16", "true" if shape.scale_dtype == "bfloat16" else "false")), _ceil(words, DEQUANT_BLOCK),
         DEQUANT_BLOCK, False, rows_per_block=0, k_efficiency=1.0, inflight_bytes=4, thread_bytes=4, regs=32)

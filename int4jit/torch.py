@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .api import GemvWeights
+from .shapes import MAX_TOKENS
 from .reference import quantize
 from .trace import trace
 
@@ -51,8 +52,8 @@ def _layer_for(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tens
 
 @torch.library.custom_op("int4jit::gemv", mutates_args=())
 def gemv_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor]) -> torch.Tensor:
-    """y [..., N] float16 = dequant(w) @ x for one float16 token x [..., K] on the GPU."""
-    return _layer_for(w, scales, zeros)(x.reshape(-1)).reshape(*x.shape[:-1], w.shape[0])
+    """y [..., N] = x @ dequant(w)^T for 1..16 tokens x [..., K] (fp16 or bf16) on the GPU."""
+    return _layer_for(w, scales, zeros)(x.contiguous())
 
 
 @gemv_op.register_fake
@@ -64,9 +65,9 @@ def _(x, w, scales, zeros):
 class Int4Linear(nn.Module):
     """nn.Linear with INT4 weights in int4jit's canonical layout.
 
-    forward on [..., K] with one token on the GPU runs the int4jit kernel on torch's current stream
-    (graph capture works): float16 directly; bfloat16 through float16 (the product is exact in fp32;
-    activations beyond float16's range, |x| > 65504, saturate). Several tokens (prefill) dequantise
+    forward on [..., K] with 1..16 tokens, fp16 or bf16, on the GPU runs the int4jit kernels on
+    torch's current stream (graph capture works): one fp16 token on the simt/tc kernels, several
+    tokens or bf16 on tc_batch (NVIDIA sm_80+). More tokens (prefill) dequantise
     once per call on the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised weight is kept per module
     (up to CPU_DENSE_CACHE_BYTES). The first fallback of a module logs a warning naming why."""
 
@@ -84,6 +85,7 @@ class Int4Linear(nn.Module):
         self._layer: Optional[GemvWeights] = None
         self._dense: Optional[torch.Tensor] = None
         self._warned = False
+        self._kernel_ok = True
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, symmetric: bool = False) -> "Int4Linear":
@@ -126,14 +128,20 @@ class Int4Linear(nn.Module):
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        if x.is_cuda and x.numel() == self.in_features and x.dtype in (torch.float16, torch.bfloat16):
-            xh = x if x.dtype == torch.float16 else x.to(torch.float16)
+        tokens = x.numel() // self.in_features
+        if x.is_cuda and 1 <= tokens <= MAX_TOKENS and x.dtype in (torch.float16, torch.bfloat16) \
+                and self._kernel_ok:
+            x = x if x.is_contiguous() else x.contiguous()
             if torch.compiler.is_compiling():
-                y = torch.ops.int4jit.gemv(xh, self.w, self.scales, self.zeros)
+                y = torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros)
             else:
-                y = self._prepared()(xh if xh.is_contiguous() else xh.contiguous())
-            if x.dtype != torch.float16:
-                y = y.to(x.dtype)
+                try:
+                    y = self._prepared()(x)
+                except NotImplementedError as e:  # e.g. several tokens or bf16 on a target without tc_batch
+                    self._kernel_ok = False
+                    log.warning("int4jit: Int4Linear %dx%d falls back to dequantise + matmul: %s",
+                                self.out_features, self.in_features, e)
+                    return self._fallback(x)
             return y if self.bias is None else y + self.bias.to(y.dtype)
         return self._fallback(x)
 

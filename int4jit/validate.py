@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .arrays import ArrayInfo, describe
-from .shapes import SUPPORTED_GROUPS, GemvShape
+from .shapes import ACTIVATION_DTYPES, MAX_TOKENS, SUPPORTED_GROUPS, GemvShape
 
 ALIGN = 16  # bytes: x and w are read with 16-byte loads
 
@@ -33,12 +33,14 @@ def validate(x, w, scales, zeros, out):
     zi = None if zeros is None else describe("zeros", zeros)
     oi = None if out is None else describe("out", out)
 
-    if len(xi.shape) == 2 and xi.shape[0] != 1:
-        _fail(ValueError, "x", "[K] or [1, K] (int4jit computes M=1 GEMV)",
-              f"shape {xi.shape}, i.e. M={xi.shape[0]}")
     if len(xi.shape) not in (1, 2):
-        _fail(ValueError, "x", "1-D [K] or 2-D [1, K]", f"{len(xi.shape)}-D shape {xi.shape}")
-    _dtype(xi, "float16", "[K] or [1, K]")
+        _fail(ValueError, "x", "1-D [K] or 2-D [M, K]", f"{len(xi.shape)}-D shape {xi.shape}")
+    M = 1 if len(xi.shape) == 1 else xi.shape[0]
+    if not 1 <= M <= MAX_TOKENS:
+        _fail(ValueError, "x", f"[M, K] with M = 1..{MAX_TOKENS} tokens (more is prefill: dequantise + matmul)",
+              f"shape {xi.shape}, i.e. M={M}")
+    if xi.dtype not in ACTIVATION_DTYPES:
+        _fail(TypeError, "x", "float16 or bfloat16 [K] or [M, K]", f"{xi.dtype} {xi.shape}")
     K = xi.shape[-1]
     if K == 0:
         _fail(ValueError, "x", "non-empty (K >= 16)", f"shape {xi.shape}")
@@ -60,7 +62,9 @@ def validate(x, w, scales, zeros, out):
         expected = ", ".join(f"({N}, {K // g})" for g in SUPPORTED_GROUPS if K % g == 0) or "none: K has no supported group"
         _fail(ValueError, "scales", f"of shape [N, K/g] with g in {SUPPORTED_GROUPS} for K={K}, "
               f"i.e. one of {expected}", f"shape {si.shape} (g = {K}/{ngroups})")
-    _dtype(si, "float16", f"of shape ({N}, {ngroups}) for K={K}, group={group}")
+    if si.dtype not in ACTIVATION_DTYPES:
+        _fail(TypeError, "scales", f"float16 or bfloat16 of shape ({N}, {ngroups}) for K={K}, group={group}",
+              f"{si.dtype} {si.shape}")
 
     if zi is not None:
         _dtype(zi, "uint8", f"of shape ({N}, {ngroups}) for K={K}, group={group}")
@@ -71,13 +75,13 @@ def validate(x, w, scales, zeros, out):
         if zi.framework == "numpy" and zi.obj.size and int(zi.obj.max()) > 15:
             _fail(ValueError, "zeros", "zero points 0..15 (4 bits)", f"a maximum of {int(zi.obj.max())}")
 
-    out_shape = (N,) if len(xi.shape) == 1 else (1, N)
+    out_shape = (N,) if len(xi.shape) == 1 else (M, N)
     if oi is not None:
-        _dtype(oi, "float16", f"of shape {out_shape}")
+        _dtype(oi, xi.dtype, f"(the dtype of x) of shape {out_shape}")
         if oi.framework == "numpy" and not oi.obj.flags.writeable:
             _fail(ValueError, "out", "a writeable array", "a read-only numpy array")
         if tuple(oi.shape) != out_shape:
-            _fail(ValueError, "out", f"float16 of shape {out_shape} (x is {xi.shape})", f"shape {oi.shape}")
+            _fail(ValueError, "out", f"{xi.dtype} of shape {out_shape} (x is {xi.shape})", f"shape {oi.shape}")
 
     infos = [xi, wi, si, zi, oi]
     present = [i for i in infos if i is not None]
@@ -97,15 +101,22 @@ def validate(x, w, scales, zeros, out):
                          "; expected all on one device")
     for i in present:
         _aligned(i)
-    return GemvShape(N, K, group, zi is None), infos, out_shape
+    if not xi.on_device and (xi.dtype != "float16" or si.dtype != "float16"):
+        _fail(TypeError, "x", "float16 (with float16 scales) for numpy arrays; bfloat16 needs device arrays",
+              f"{xi.dtype} x with {si.dtype} scales")
+    return GemvShape(N, K, group, zi is None, M, xi.dtype, si.dtype), infos, out_shape
 
 
 def validate_x(x, K: int, device_index: int):
     """Raise the error a new activation for a prepared layer deserves (it failed the fast check)."""
     xi = describe("x", x)
-    _dtype(xi, "float16", f"[..., {K}] holding one token")
-    if not xi.shape or xi.shape[-1] != K or any(d != 1 for d in xi.shape[:-1]):
-        _fail(ValueError, "x", f"[{K}], [1, {K}] or [1, ..., 1, {K}] (one token)", f"shape {xi.shape}")
+    if xi.dtype not in ACTIVATION_DTYPES:
+        _fail(TypeError, "x", f"float16 or bfloat16 [..., {K}]", f"{xi.dtype} {xi.shape}")
+    tokens = 1
+    for d in xi.shape[:-1]:
+        tokens *= d
+    if not xi.shape or xi.shape[-1] != K or not 1 <= tokens <= MAX_TOKENS:
+        _fail(ValueError, "x", f"[..., {K}] holding 1..{MAX_TOKENS} tokens", f"shape {xi.shape}")
     _contiguous(xi)
     if not xi.on_device or xi.device[1] != device_index:
         _fail(ValueError, "x", f"on GPU {device_index}, where the weights are",

@@ -32,8 +32,8 @@ class FakeDevice:
 
 
 CASES = {
-    "x float32": (lambda a: [a[0].astype(np.float32)] + a[1:], TypeError, r"x must be float16"),
-    "x M=2": (lambda a: [np.stack([a[0], a[0]])] + a[1:], ValueError, r"x must be .*M=1.*M=2"),
+    "x float32": (lambda a: [a[0].astype(np.float32)] + a[1:], TypeError, r"x must be float16 or bfloat16"),
+    "x M=17": (lambda a: [np.stack([a[0]] * 17)] + a[1:], ValueError, r"x must be \[M, K\] with M = 1..16.*M=17"),
     "x 3-D": (lambda a: [a[0].reshape(1, 1, -1)] + a[1:], ValueError, r"x must be 1-D"),
     "x empty": (lambda a: [a[0][:0]] + a[1:], ValueError, r"x must be non-empty"),
     "x odd K": (lambda a: [a[0][:-1]] + a[1:], ValueError, r"x must be of even length"),
@@ -44,7 +44,7 @@ CASES = {
     "w N=0": (lambda a: [a[0], a[1][:0]] + a[2:], ValueError, r"w must be"),
     "w transposed": (lambda a: [a[0], np.ascontiguousarray(a[1].T).T] + a[2:], ValueError, r"w must be C-contiguous"),
     "scales float32": (lambda a: a[:2] + [a[2].astype(np.float32), a[3]], TypeError,
-                       r"scales must be float16 of shape \(64, 8\) for K=256, group=32; got float32 \(64, 8\)"),
+                       r"scales must be float16 or bfloat16 of shape \(64, 8\) for K=256, group=32; got float32 \(64, 8\)"),
     "scales N mismatch": (lambda a: a[:2] + [a[2][:-1], a[3]], ValueError, r"scales must be float16 \[N, K/g\] = \[64"),
     "group 48": (lambda a: a[:2] + [np.ones((64, 5), np.float16), None], ValueError,
                  r"scales must be of shape \[N, K/g\] with g in"),

@@ -27,7 +27,7 @@ def calls(draw):
         "w_dtype": draw(st.sampled_from([np.uint8] * 12 + [np.int8, np.float16])),
         "s_dtype": draw(st.sampled_from([np.float16] * 12 + [np.float32])),
         "z_kind": draw(st.sampled_from(["none"] * 6 + ["ok"] * 6 + ["float", "short"])),
-        "x_rank": draw(st.sampled_from(["1"] * 6 + ["row"] * 4 + ["M2", "3d"])),
+        "x_rank": draw(st.sampled_from(["1"] * 6 + ["row"] * 4 + ["M2", "M16", "M17", "3d"])),
         "w_cols": draw(st.sampled_from(["ok"] * 12 + ["minus", "plus"])),
         "s_rows": draw(st.sampled_from(["ok"] * 12 + ["minus"])),
         "strided": draw(st.sampled_from([None] * 12 + ["x", "w", "s"])),
@@ -40,7 +40,7 @@ def calls(draw):
 def materialise(spec):
     rng = np.random.default_rng(spec["seed"])
     N, K, G = spec["N"], spec["K"], spec["ncols"]
-    xshape = {"1": (K,), "row": (1, K), "M2": (2, K), "3d": (1, 1, K)}[spec["x_rank"]]
+    xshape = {"1": (K,), "row": (1, K), "M2": (2, K), "M16": (16, K), "M17": (17, K), "3d": (1, 1, K)}[spec["x_rank"]]
     x = rng.standard_normal(xshape).astype(spec["x_dtype"])
     wc = K // 2 + {"ok": 0, "minus": -1, "plus": 1}[spec["w_cols"]]
     w = rng.integers(0, 256, (N, max(wc, 0))).astype(spec["w_dtype"])
@@ -55,7 +55,7 @@ def materialise(spec):
         w = np.asfortranarray(w) if w.shape[0] > 1 and w.shape[1] > 1 else w
     elif spec["strided"] == "s" and s.size:
         s = np.asfortranarray(s) if s.shape[0] > 1 and s.shape[1] > 1 else s
-    out_shape = (N,) if spec["x_rank"] == "1" else (1, N)
+    out_shape = (N,) if spec["x_rank"] == "1" else (xshape[0], N) if len(xshape) == 2 else (1, N)
     out = {"none": None, "ok": np.full(out_shape, np.nan, np.float16),
            "wrong_shape": np.zeros((N + 1,), np.float16), "wrong_dtype": np.zeros(out_shape, np.float32)}[spec["out"]]
     return x, w, s, z, out
@@ -65,7 +65,7 @@ def expected_valid(x, w, s, z, out):
     """The contract, written independently of validate.py."""
     if x.dtype != np.float16 or w.dtype != np.uint8 or s.dtype != np.float16:
         return False
-    if x.ndim not in (1, 2) or (x.ndim == 2 and x.shape[0] != 1):
+    if x.ndim not in (1, 2) or (x.ndim == 2 and not 1 <= x.shape[0] <= 16):
         return False
     K = x.shape[-1]
     if K == 0 or K % 2 or w.ndim != 2 or w.shape[0] == 0 or w.shape[1] * 2 != K:
@@ -75,7 +75,7 @@ def expected_valid(x, w, s, z, out):
         return False
     if z is not None and (z.dtype != np.uint8 or z.shape != s.shape):
         return False
-    if out is not None and (out.dtype != np.float16 or out.shape != ((N,) if x.ndim == 1 else (1, N))):
+    if out is not None and (out.dtype != np.float16 or out.shape != ((N,) if x.ndim == 1 else (x.shape[0], N))):
         return False
     return all(a.flags.c_contiguous for a in (x, w, s, z, out) if a is not None)
 

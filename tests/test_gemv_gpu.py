@@ -411,3 +411,60 @@ def test_act_order_perm_against_reference(N, K, group, symmetric):
     xs = rng.standard_normal((5, K)).astype(np.float16)
     ys = layer(t.from_numpy(xs).cuda()).float().cpu().numpy()
     assert rel_error(ys, int4jit.reference_gemv(xs, w, s, z, perm=perm)) <= TOL
+
+
+TOKEN_CASES = [(M, N, K, g, sym) for M in (2, 5, 8, 9, 16) for (N, K, g, sym) in
+               [(4096, 4096, 128, False), (3001, 2080, 16, True), (1000, 4096, 32, False), (7, 896, 64, True)]]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("M,N,K,group,symmetric", TOKEN_CASES)
+def test_several_tokens_and_bf16_against_reference(M, N, K, group, symmetric, dtype, monkeypatch):
+    """x [M, K] (M = 2..16) in one launch (tc_batch), fp16 and bf16, against the float64 reference."""
+    monkeypatch.setenv("INT4JIT_TUNE", "0")
+    t = _torch()
+    rng = np.random.default_rng()
+    _, w, s, z = random_problem(rng, N, K, group, symmetric)
+    xs = t.randn(M, K, device="cuda", dtype=getattr(t, dtype))
+    args = [None if a is None else t.from_numpy(a).cuda() for a in (w, s, z)]
+    out = t.full((M, N), float("nan"), dtype=getattr(t, dtype), device="cuda")
+    int4jit.gemv(xs, *args, out=out)
+    t.cuda.synchronize()
+    ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, s, z)
+    assert rel_error(out.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
+
+
+@pytest.mark.parametrize("M,dtype", [(1, "bfloat16"), (8, "float16"), (16, "bfloat16")])
+@pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
+def test_tc_batch_every_grid_point(cfg, M, dtype):
+    t = _torch()
+    rng = np.random.default_rng()
+    _, w, s, z = random_problem(rng, 2051, 4224, 32, False)
+    xs = t.randn(M, 4224, device="cuda", dtype=getattr(t, dtype))
+    args = [t.from_numpy(a).cuda() for a in (w, s, z)]
+    y = int4jit.gemv(xs, *args, config=(cfg.BS, cfg.TN))
+    t.cuda.synchronize()
+    ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, s, z)
+    assert rel_error(y.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
+
+
+def test_bf16_scales_and_int4linear_tokens():
+    """bf16 scales; Int4Linear with 1..16 tokens in fp16 and bf16 runs on the kernels (no fallback)."""
+    t = _torch()
+    from int4jit.torch import Int4Linear
+    rng = np.random.default_rng()
+    _, w, s, z = random_problem(rng, 2048, 4096, 128, False)
+    sb = t.from_numpy(s).cuda().to(t.bfloat16)
+    xs = t.randn(4, 4096, device="cuda", dtype=t.bfloat16)
+    y = int4jit.gemv(xs, t.from_numpy(w).cuda(), sb, t.from_numpy(z).cuda())
+    ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, sb.float().cpu().numpy(), z)
+    assert rel_error(y.float().cpu().numpy(), ref) <= 5e-3
+    layer = Int4Linear(t.from_numpy(w).cuda(), t.from_numpy(s).cuda(), t.from_numpy(z).cuda())
+    for M in (1, 3, 16):
+        for dtype in (t.float16, t.bfloat16):
+            x = t.randn(1, M, 4096, device="cuda", dtype=dtype)
+            y = layer(x)
+            assert y.shape == (1, M, 2048) and y.dtype == dtype
+            ref = int4jit.reference_gemv(x[0].float().cpu().numpy(), w, s, z)
+            assert rel_error(y[0].float().cpu().numpy(), ref) <= (TOL if dtype == t.float16 else 5e-3)
+    assert not layer._warned and layer._kernel_ok

@@ -8,6 +8,7 @@ constexpr int K = ${K};
 constexpr int GROUP = ${GROUP};
 constexpr bool SYMMETRIC = ${SYMMETRIC};
 constexpr bool OUT_BF16 = ${OUT_BF16};
+constexpr bool SCALE_BF16 = ${SCALE_BF16};
 constexpr int BS = ${BS};
 constexpr int NG = K / GROUP;
 constexpr long long WORDS = N * (K / 8);
@@ -27,7 +28,8 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     const int k0 = (int)(i % (K / 8)) * 8;
     const u32 q = ((const u32*)w)[i];
     const long long gi = n * NG + k0 / GROUP;
-    const float s = h_to_f(load_cached_u16(scales + gi));
+    const u16 sv = load_cached_u16(scales + gi);
+    const float s = SCALE_BF16 ? bf16_to_f(sv) : h_to_f(sv);
     const float z = SYMMETRIC ? 8.0f : (float)load_cached_u8(zeros + gi);
     u32 packed[4];
 #pragma unroll

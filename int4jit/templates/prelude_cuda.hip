@@ -94,6 +94,18 @@ __device__ __forceinline__ void mma_16816(float d[4], u32 a0, u32 a1, u32 a2, u3
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// The same step in bf16 (sm_80+).
+__device__ __forceinline__ void mma_16816_bf16(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// bf16x2 a * b + c (sm_80+); bf16 -> fp32 is a shift.
+__device__ __forceinline__ u32 bf2_fma(u32 a, u32 b, u32 c) {
+    u32 d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+}
+__device__ __forceinline__ float bf16_to_f(u16 h) { return __uint_as_float((u32)h << 16); }
 // Byte permute: d.byte[i] = {b, a}.byte[sel.nibble[i]] (a is bytes 0-3).
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel)); return d;
