@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import operator
 import threading
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, ContextManager, Protocol, runtime_checkable
 
 from ..env import env_choice
 from ..errors import BackendUnavailable
@@ -17,7 +18,9 @@ log = logging.getLogger("int4jit")
 
 @runtime_checkable
 class Device(Protocol):
-    """One GPU. Pointers and streams are ints; `fn` is what load() returned."""
+    """One GPU. Pointers and streams are ints; `fn` is what load() returned. Several devices
+    live in one process: every method (the launchers included) runs with its own device current
+    and leaves the calling thread's current device as it found it; only make_current() changes it."""
     arch: str                 # 'sm_90', 'gfx90a'
     name: str
     ordinal: int
@@ -30,6 +33,8 @@ class Device(Protocol):
     supports_overlap: bool    # programmatic dependent launch (CUDA sm_90+)
 
     def make_current(self) -> None: ...
+    def active(self) -> ContextManager: ...
+    def total_memory(self) -> int: ...
     def load(self, binary: bytes, kernel: str) -> tuple: ...
     def launcher(self, fn, grid: int, block: int, overlap: bool = False) -> Callable: ...
     def launch(self, fn, grid: int, block: int, args, stream: int = 0, overlap: bool = False) -> None: ...
@@ -59,6 +64,10 @@ class BackendModule(Protocol):
     def compiler_version(self) -> str: ...
     def compile_source(self, source: str, name: str, arch: str, options=()) -> bytes: ...
     def available(self) -> tuple[bool, str]: ...
+    def device_count(self) -> int: ...
+    def current_ordinal(self) -> int: ...
+
+
 NAMES = ("cuda", "hip")
 
 
@@ -82,22 +91,49 @@ _lock = threading.Lock()
 
 @functools.lru_cache(maxsize=None)
 def _open_device(name: str, ordinal: int):
-    return module_for(name).Device(ordinal)
+    if isinstance(ordinal, bool) or not hasattr(ordinal, "__index__"):
+        raise TypeError(f"device must be a GPU ordinal (an int); got {ordinal!r}")
+    ordinal = operator.index(ordinal)
+    mod = module_for(name)
+    count = mod.device_count()
+    if not 0 <= ordinal < count:
+        visible = "CUDA_VISIBLE_DEVICES" if name == "cuda" else "HIP_VISIBLE_DEVICES"
+        raise ValueError(f"device must be a GPU ordinal in 0..{count - 1} ({count} {name} GPU"
+                         f"{'s' if count != 1 else ''} visible; {visible} selects which); got {ordinal}")
+    return mod.Device(ordinal)
 
 
-def device(ordinal: int = 0, backend: str | None = None):
-    """The device that runs kernels: INT4JIT_BACKEND, else the first backend with a GPU."""
+def _backend_name(backend: str | None) -> str:
+    """INT4JIT_BACKEND (or `backend`), else the first backend with a GPU."""
     chosen = backend or env_choice("INT4JIT_BACKEND", NAMES)
     names = (chosen,) if chosen else NAMES
     reasons = []
-    with _lock:
-        for name in names:
-            mod = module_for(name)
-            ok, why = mod.available()
-            if ok:
-                return _open_device(name, ordinal)
-            reasons.append(f"{name}: {why}")
+    for name in names:
+        ok, why = module_for(name).available()
+        if ok:
+            return name
+        reasons.append(f"{name}: {why}")
     raise BackendUnavailable("no GPU backend can run kernels here (" + "; ".join(reasons) + ")")
+
+
+def device(ordinal: int = 0, backend: str | None = None):
+    """The device that runs kernels, one object per (backend, ordinal) for the process:
+    INT4JIT_BACKEND, else the first backend with a GPU. An ordinal the backend does not see
+    is a ValueError naming the visible range."""
+    with _lock:
+        return _open_device(_backend_name(backend), ordinal)
+
+
+def current_ordinal(backend: str | None = None) -> int:
+    """The calling thread's current GPU on the backend that runs kernels (what
+    torch.cuda.set_device, cudaSetDevice or hipSetDevice chose); 0 where none is current."""
+    return module_for(_backend_name(backend)).current_ordinal()
+
+
+def devices(backend: str | None = None) -> list:
+    """Every GPU the backend sees, in ordinal order."""
+    name = _backend_name(backend)
+    return [device(i, name) for i in range(module_for(name).device_count())]
 
 
 def gpu_available() -> bool:

@@ -1,6 +1,7 @@
 """NVIDIA backend: NVRTC (cuda-bindings) compiles to cubin; the driver API loads and launches."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -50,6 +51,38 @@ def _libcuda():
     except OSError as e:
         trace("%s not loadable through ctypes (%s): kernels launch through cuda-bindings", name, e)
         return None
+
+
+class _ThreadContext(threading.local):
+    """Per thread: the one-pointer buffer cuCtxGetCurrent writes the current context into (a
+    buffer shared by threads would race between the query and the read)."""
+
+    def __init__(self):
+        self.buf = (ctypes.c_void_p * 1)()
+
+
+_thread_context = _ThreadContext()
+
+
+def _context_calls(drv):
+    """(probe(buf), put(c_void_p) -> status): read the calling thread's current context into
+    buf[0] (None: none is current), and set it. libcuda through ctypes where it loads (the probe
+    runs on every launch: ~0.2 us, the GIL kept for what is a thread-local read in the driver),
+    else cuda-bindings."""
+    lib = _libcuda()
+    if isinstance(lib, ctypes.CDLL):
+        return ctypes.PyDLL(lib._name, handle=lib._handle).cuCtxGetCurrent, lib.cuCtxSetCurrent
+    if hasattr(lib, "cuCtxGetCurrent"):  # a stand-in library (tests)
+        return lib.cuCtxGetCurrent, lib.cuCtxSetCurrent
+
+    def probe(buf):
+        err, ctx = drv.cuCtxGetCurrent()
+        buf[0] = (int(ctx) or None) if int(err) == 0 else None
+
+    def put(ctx):
+        (err,) = drv.cuCtxSetCurrent(ctx.value or 0)
+        return int(err)
+    return probe, put
 
 
 def _per_stream(make) -> MadeOnMiss:
@@ -141,6 +174,21 @@ def compile_source(source: str, name: str, arch: str, options=()) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def device_count() -> int:
+    """How many CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies); 0 where none can run."""
+    ok, _ = available()
+    return check(_driver().cuDeviceGetCount(), "cuDeviceGetCount") if ok else 0
+
+
+def current_ordinal() -> int:
+    """The device of the calling thread's current context (what torch.cuda.set_device or
+    cudaSetDevice chose); 0 where no context is current."""
+    if not available()[0]:
+        return 0
+    err, dev = _driver().cuCtxGetDevice()
+    return int(dev) if int(err) == 0 else 0
+
+
 @functools.lru_cache(maxsize=None)
 def available() -> tuple[bool, str]:
     """(True, '') when a CUDA device can run kernels, else (False, why)."""
@@ -154,7 +202,10 @@ def available() -> tuple[bool, str]:
 
 
 class Device:
-    """One CUDA device, used through its primary context (shared with torch and cupy)."""
+    """One CUDA device, used through its primary context (shared with torch and cupy). Every call
+    that needs a context runs with this device's current and leaves the calling thread's own
+    current context as it found it: several devices can be driven from one thread, and torch
+    or cupy never see their current device change under them."""
 
     def __init__(self, ordinal: int = 0):
         self._drv = drv = _driver()
@@ -162,8 +213,9 @@ class Device:
         self.ordinal = ordinal
         self._dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
         self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
-        self._local = threading.local()
-        self.make_current()
+        self._ctx_id = int(self._ctx)
+        self._c_ctx = ctypes.c_void_p(self._ctx_id)
+        self._probe_context, self._put_context = _context_calls(drv)
         attr = drv.CUdevice_attribute
         get = lambda a: check(drv.cuDeviceGetAttribute(a, self._dev), "cuDeviceGetAttribute")
         major = get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
@@ -185,19 +237,54 @@ class Device:
     def __repr__(self):
         return f"<int4jit cuda device {self.ordinal}: {self.name} ({self.arch}, {self.sm_count} SMs)>"
 
+    def total_memory(self) -> int:
+        """The device's memory in bytes."""
+        return int(check(self._drv.cuDeviceTotalMem(self._dev), "cuDeviceTotalMem"))
+
+    # -- context -----------------------------------------------------------------------
+    def _current_context(self):
+        """The calling thread's current context, an int (None: no context is current)."""
+        buf = _thread_context.buf
+        self._probe_context(buf)
+        return buf[0]
+
+    def _set_context(self, ctx):
+        if err := self._put_context(ctypes.c_void_p(ctx)):
+            raise DriverError(NAME, "cuCtxSetCurrent", self._status(err))
+
     def make_current(self):
-        """Bind the primary context to the calling thread (once per thread)."""
-        if getattr(self._local, "bound", False):
+        """Make this device's context the calling thread's current one, and leave it so."""
+        if self._current_context() != self._ctx_id:
+            self._set_context(self._ctx_id)
+
+    @contextlib.contextmanager
+    def active(self):
+        """This device's context current for the block; the thread's previous one restored after."""
+        prev = self._current_context()
+        if prev == self._ctx_id:
+            yield self
             return
-        check(self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-        self._local.bound = True
+        self._set_context(self._ctx_id)
+        try:
+            yield self
+        finally:
+            self._set_context(prev)
+
+    def _in_context(self, launch_here, args: PackedArgs, stream: int, prev):
+        """A launch made while another context (`prev`, or none) is current: ours around it."""
+        if err := self._put_context(self._c_ctx):
+            raise DriverError(NAME, "cuCtxSetCurrent", self._status(err))
+        try:
+            launch_here(args, stream)
+        finally:
+            self._set_context(prev)
 
     # -- code --------------------------------------------------------------------------
     def load(self, binary: bytes, kernel: str):
         """Load a cubin and return (module, function). Raises DriverError if it does not load."""
-        self.make_current()
-        module = check(self._drv.cuModuleLoadData(binary), "cuModuleLoadData")
-        fn = check(self._drv.cuModuleGetFunction(module, kernel.encode()), "cuModuleGetFunction")
+        with self.active():
+            module = check(self._drv.cuModuleLoadData(binary), "cuModuleLoadData")
+            fn = check(self._drv.cuModuleGetFunction(module, kernel.encode()), "cuModuleGetFunction")
         return module, fn
 
     def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
@@ -212,27 +299,42 @@ class Device:
         return self._launchers[(fn, grid, block, overlap)]
 
     def _make_launcher(self, fn, grid: int, block: int, overlap: bool):
-        raw, local, bind = _libcuda(), self._local, self.make_current
+        raw = _libcuda()
         if raw is None:
             return self._bindings_launcher(fn, grid, block, overlap)
         c_fn = ctypes.c_void_p(int(fn))
+        # The per-call context check: one cuCtxGetCurrent when ours is current (the usual case),
+        # a switch there and back when another device's is (_in_context).
+        probe, thread, ctx, in_context = self._probe_context, _thread_context, self._ctx_id, self._in_context
         if overlap:
             launch_ex = raw.cuLaunchKernelEx
             attr_id = int(self._drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
             configs = _per_stream(lambda s: ctypes.byref(_overlap_launch_config(grid, block, s, attr_id)))
 
+            def run_here(args: PackedArgs, stream: int = 0):
+                if err := launch_ex(configs[stream], c_fn, args.params, None):
+                    raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
+
             def run(args: PackedArgs, stream: int = 0):
-                if not getattr(local, "bound", False):
-                    bind()
+                buf = thread.buf
+                probe(buf)
+                if buf[0] != ctx:
+                    return in_context(run_here, args, stream, buf[0])
                 if err := launch_ex(configs[stream], c_fn, args.params, None):
                     raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
             return run
         launch, one, zero, handles = raw.cuLaunchKernel, ctypes.c_uint(1), ctypes.c_uint(0), _per_stream(ctypes.c_void_p)
         c_grid, c_block = ctypes.c_uint(grid), ctypes.c_uint(block)
 
+        def run_here(args: PackedArgs, stream: int = 0):
+            if err := launch(c_fn, c_grid, one, one, c_block, one, one, zero, handles[stream], args.params, None):
+                raise DriverError(NAME, "cuLaunchKernel", self._status(err))
+
         def run(args: PackedArgs, stream: int = 0):
-            if not getattr(local, "bound", False):
-                bind()
+            buf = thread.buf
+            probe(buf)
+            if buf[0] != ctx:
+                return in_context(run_here, args, stream, buf[0])
             if err := launch(c_fn, c_grid, one, one, c_block, one, one, zero, handles[stream], args.params, None):
                 raise DriverError(NAME, "cuLaunchKernel", self._status(err))
         return run
@@ -245,20 +347,20 @@ class Device:
 
     def _bindings_launcher(self, fn, grid: int, block: int, overlap: bool):
         """The same launch through cuda-bindings, where libcuda cannot be reached through ctypes."""
-        drv, bind = self._drv, self.make_current
+        drv, active = self._drv, self.active
         if overlap:
             configs = _per_stream(lambda s: self._overlap_config(grid, block, s))
 
             def run(args: PackedArgs, stream: int = 0):
-                bind()
-                (err,) = drv.cuLaunchKernelEx(configs[stream], fn, args.params_address, 0)
+                with active():
+                    (err,) = drv.cuLaunchKernelEx(configs[stream], fn, args.params_address, 0)
                 if int(err) != 0:
                     raise DriverError(NAME, "cuLaunchKernelEx", status_name(err))
             return run
 
         def run(args: PackedArgs, stream: int = 0):
-            bind()
-            (err,) = drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
+            with active():
+                (err,) = drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
             if int(err) != 0:
                 raise DriverError(NAME, "cuLaunchKernel", status_name(err))
         return run
@@ -278,55 +380,66 @@ class Device:
 
     # -- memory ------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> int:
-        self.make_current()
-        return int(check(self._drv.cuMemAlloc(max(1, nbytes)), "cuMemAlloc"))
+        with self.active():
+            return int(check(self._drv.cuMemAlloc(max(1, nbytes)), "cuMemAlloc"))
 
     def free(self, ptr: int):
-        check(self._drv.cuMemFree(ptr), "cuMemFree")
+        with self.active():
+            check(self._drv.cuMemFree(ptr), "cuMemFree")
 
     def copy_htod(self, dst: int, src: np.ndarray, stream: int = 0):
         src = np.ascontiguousarray(src)
-        check(self._drv.cuMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream), "cuMemcpyHtoDAsync")
+        with self.active():
+            check(self._drv.cuMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream), "cuMemcpyHtoDAsync")
 
     def copy_dtoh(self, dst: np.ndarray, src: int, stream: int = 0):
-        check(self._drv.cuMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream), "cuMemcpyDtoHAsync")
+        with self.active():
+            check(self._drv.cuMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream), "cuMemcpyDtoHAsync")
 
     def copy_dtod(self, dst: int, src: int, nbytes: int, stream: int = 0):
-        check(self._drv.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+        with self.active():
+            check(self._drv.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
 
     # -- streams and timing ------------------------------------------------------------
+    # Stream 0 means the current context's default stream: these run with ours current.
     def create_stream(self) -> int:
-        self.make_current()
-        return int(check(self._drv.cuStreamCreate(1), "cuStreamCreate"))  # non-blocking
+        with self.active():
+            return int(check(self._drv.cuStreamCreate(1), "cuStreamCreate"))  # non-blocking
 
     def destroy_stream(self, stream: int):
-        check(self._drv.cuStreamDestroy(stream), "cuStreamDestroy")
+        with self.active():
+            check(self._drv.cuStreamDestroy(stream), "cuStreamDestroy")
 
     def synchronize(self, stream: int = 0):
-        check(self._drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        with self.active():
+            check(self._drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
     def is_capturing(self, stream: int) -> bool:
-        status = check(self._drv.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+        with self.active():
+            status = check(self._drv.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
         return int(status) != 0
 
     def capture_graph(self, run, stream: int):
         """Record the launches run() makes on `stream` (not the default stream) into an
         executable graph; returns (graph, exec)."""
         drv = self._drv
-        check(drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture")
-        try:
-            run()
-        finally:
-            graph = check(drv.cuStreamEndCapture(stream), "cuStreamEndCapture")
-        return graph, check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        with self.active():
+            check(drv.cuStreamBeginCapture(stream, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture")
+            try:
+                run()
+            finally:
+                graph = check(drv.cuStreamEndCapture(stream), "cuStreamEndCapture")
+            return graph, check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
 
     def replay(self, graph, stream: int):
-        check(self._drv.cuGraphLaunch(graph[1], stream), "cuGraphLaunch")
+        with self.active():
+            check(self._drv.cuGraphLaunch(graph[1], stream), "cuGraphLaunch")
 
     def destroy_graph(self, graph):
         drv = self._drv
-        drv.cuGraphExecDestroy(graph[1])
-        drv.cuGraphDestroy(graph[0])
+        with self.active():
+            drv.cuGraphExecDestroy(graph[1])
+            drv.cuGraphDestroy(graph[0])
 
     def time_ms(self, run, repeats: int, stream: int = 0) -> float:
         """Median of `repeats` event-timed calls of run() on `stream`, in ms."""
@@ -339,4 +452,5 @@ class Device:
             elapsed = staticmethod(lambda a, b: check(drv.cuEventElapsedTime(a, b), "cuEventElapsedTime"))
             destroy = staticmethod(lambda e: drv.cuEventDestroy(e))
 
-        return median_event_ms(Events, run, repeats)
+        with self.active():  # events belong to the context current when they are made
+            return median_event_ms(Events, run, repeats)

@@ -2,11 +2,11 @@
 and launches. The same interface as backends/cuda.py, call for call."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import tempfile
-import threading
 
 import numpy as np
 
@@ -227,6 +227,21 @@ def compile_source(source: str, name: str, arch: str, options=()) -> bytes:
         hiprtc.hiprtcDestroyProgram(prog.createRef())
 
 
+def device_count() -> int:
+    """How many HIP devices this process sees (HIP_VISIBLE_DEVICES applies); 0 where none can run."""
+    ok, _ = available()
+    return check(_hip().hipGetDeviceCount(), "hipGetDeviceCount") if ok else 0
+
+
+def current_ordinal() -> int:
+    """The calling thread's current device (what torch.cuda.set_device or hipSetDevice chose; 0
+    by default)."""
+    if not available()[0]:
+        return 0
+    result = _hip().hipGetDevice()
+    return int(result[1]) if int(result[0]) == 0 else 0
+
+
 @functools.lru_cache(maxsize=None)
 def available() -> tuple[bool, str]:
     """(True, '') when a HIP device can run kernels, else (False, why)."""
@@ -238,13 +253,14 @@ def available() -> tuple[bool, str]:
 
 
 class Device:
-    """One HIP device. Launch path written symmetric with backends/cuda.py; not run in CI."""
+    """One HIP device. Launch path written symmetric with backends/cuda.py; not run in CI. Every
+    call that needs a device runs with this one current and leaves the calling thread's own
+    current device as it found it: several devices can be driven from one thread, and torch or
+    cupy never see their current device change under them."""
 
     def __init__(self, ordinal: int = 0):
         self._hip = hip = _hip()
         self.ordinal = ordinal
-        self._local = threading.local()
-        self.make_current()
         props = hip.hipDeviceProp_t()
         check(hip.hipGetDeviceProperties(props, ordinal), "hipGetDeviceProperties")
         gcn = props.gcnArchName
@@ -265,17 +281,49 @@ class Device:
     def __repr__(self):
         return f"<int4jit hip device {self.ordinal}: {self.name} ({self.full_arch}, {self.sm_count} CUs)>"
 
+    def total_memory(self) -> int:
+        """The device's memory in bytes."""
+        return int(check(self._hip.hipDeviceTotalMem(self.ordinal), "hipDeviceTotalMem"))
+
+    # -- context -----------------------------------------------------------------------
+    def _current_device(self) -> int:
+        """The calling thread's current device ordinal."""
+        return check(self._hip.hipGetDevice(), "hipGetDevice")
+
+    def _set_device(self, ordinal: int):
+        check(self._hip.hipSetDevice(ordinal), "hipSetDevice")
+
     def make_current(self):
-        if getattr(self._local, "bound", False):
+        """Make this device the calling thread's current one, and leave it so."""
+        if self._current_device() != self.ordinal:
+            self._set_device(self.ordinal)
+
+    @contextlib.contextmanager
+    def active(self):
+        """This device current for the block; the thread's previous one restored after."""
+        prev = self._current_device()
+        if prev == self.ordinal:
+            yield self
             return
-        check(self._hip.hipSetDevice(self.ordinal), "hipSetDevice")
-        self._local.bound = True
+        self._set_device(self.ordinal)
+        try:
+            yield self
+        finally:
+            self._set_device(prev)
+
+    def _in_context(self, launch_here, args: PackedArgs, stream: int, prev: int):
+        """A launch made while another device (`prev`) is current: ours around it."""
+        self._set_device(self.ordinal)
+        try:
+            launch_here(args, stream)
+        finally:
+            self._set_device(prev)
 
     # -- code --------------------------------------------------------------------------
     def load(self, binary: bytes, kernel: str):
-        self.make_current()
-        module = check(self._hip.hipModuleLoadData(binary), "hipModuleLoadData")
-        fn = check(self._hip.hipModuleGetFunction(module, kernel.encode()), "hipModuleGetFunction")
+        with self.active():
+            module = check(self._hip.hipModuleLoadData(binary), "hipModuleLoadData")
+            fn = check(self._hip.hipModuleGetFunction(module, kernel.encode()), "hipModuleGetFunction")
         return module, fn
 
     def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
@@ -289,70 +337,87 @@ class Device:
         return self._launchers[(fn, grid, block)]
 
     def _make_launcher(self, fn, grid: int, block: int):
-        launch, local, bind = self._hip.hipModuleLaunchKernel, self._local, self.make_current
+        launch, in_context, current, ordinal = self._hip.hipModuleLaunchKernel, self._in_context, self._current_device, self.ordinal
 
-        def run(args: PackedArgs, stream: int = 0):
-            if not getattr(local, "bound", False):
-                bind()
+        def run_here(args: PackedArgs, stream: int = 0):
             # HIP takes arguments as one packed buffer through `extra`; hip-python wants None
             # for the null stream.
             result = launch(fn, grid, 1, 1, block, 1, 1, 0, stream or None, None, args.extra_address)
             err = result[0] if isinstance(result, tuple) else result
             if int(err) != 0:
                 raise DriverError(NAME, "hipModuleLaunchKernel", status_name(err))
+
+        def run(args: PackedArgs, stream: int = 0):
+            # The per-call device check: one hipGetDevice when ours is current (the usual case),
+            # a switch there and back when another is (_in_context).
+            prev = current()
+            if prev != ordinal:
+                return in_context(run_here, args, stream, prev)
+            run_here(args, stream)
         return run
 
     # -- memory ------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> int:
-        self.make_current()
-        return int(check(self._hip.hipMalloc(max(1, nbytes)), "hipMalloc"))
+        with self.active():
+            return int(check(self._hip.hipMalloc(max(1, nbytes)), "hipMalloc"))
 
     def free(self, ptr: int):
-        check(self._hip.hipFree(ptr), "hipFree")
+        with self.active():
+            check(self._hip.hipFree(ptr), "hipFree")
 
     def copy_htod(self, dst: int, src: np.ndarray, stream: int = 0):
         src = np.ascontiguousarray(src)
-        check(self._hip.hipMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream or None), "hipMemcpyHtoDAsync")
+        with self.active():
+            check(self._hip.hipMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream or None), "hipMemcpyHtoDAsync")
 
     def copy_dtoh(self, dst: np.ndarray, src: int, stream: int = 0):
-        check(self._hip.hipMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream or None), "hipMemcpyDtoHAsync")
+        with self.active():
+            check(self._hip.hipMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream or None), "hipMemcpyDtoHAsync")
 
     def copy_dtod(self, dst: int, src: int, nbytes: int, stream: int = 0):
-        check(self._hip.hipMemcpyDtoDAsync(dst, src, nbytes, stream or None), "hipMemcpyDtoDAsync")
+        with self.active():
+            check(self._hip.hipMemcpyDtoDAsync(dst, src, nbytes, stream or None), "hipMemcpyDtoDAsync")
 
     # -- streams and timing ------------------------------------------------------------
+    # Stream 0 means the current device's null stream: these run with ours current.
     def create_stream(self) -> int:
-        self.make_current()
-        return int(check(self._hip.hipStreamCreateWithFlags(1), "hipStreamCreateWithFlags"))  # non-blocking
+        with self.active():
+            return int(check(self._hip.hipStreamCreateWithFlags(1), "hipStreamCreateWithFlags"))  # non-blocking
 
     def destroy_stream(self, stream: int):
-        check(self._hip.hipStreamDestroy(stream), "hipStreamDestroy")
+        with self.active():
+            check(self._hip.hipStreamDestroy(stream), "hipStreamDestroy")
 
     def synchronize(self, stream: int = 0):
-        check(self._hip.hipStreamSynchronize(stream or None), "hipStreamSynchronize")
+        with self.active():
+            check(self._hip.hipStreamSynchronize(stream or None), "hipStreamSynchronize")
 
     def is_capturing(self, stream: int) -> bool:
-        status = check(self._hip.hipStreamIsCapturing(stream or None), "hipStreamIsCapturing")
+        with self.active():
+            status = check(self._hip.hipStreamIsCapturing(stream or None), "hipStreamIsCapturing")
         return int(status) != 0
 
     def capture_graph(self, run, stream: int):
         """Record the launches run() makes on `stream` (not the default stream) into an
         executable graph; returns (graph, exec)."""
         hip = self._hip
-        check(hip.hipStreamBeginCapture(stream or None, hip.hipStreamCaptureMode.hipStreamCaptureModeRelaxed), "hipStreamBeginCapture")
-        try:
-            run()
-        finally:
-            graph = check(hip.hipStreamEndCapture(stream or None), "hipStreamEndCapture")
-        return graph, check(hip.hipGraphInstantiate(graph, None, None, 0), "hipGraphInstantiate")
+        with self.active():
+            check(hip.hipStreamBeginCapture(stream or None, hip.hipStreamCaptureMode.hipStreamCaptureModeRelaxed), "hipStreamBeginCapture")
+            try:
+                run()
+            finally:
+                graph = check(hip.hipStreamEndCapture(stream or None), "hipStreamEndCapture")
+            return graph, check(hip.hipGraphInstantiate(graph, None, None, 0), "hipGraphInstantiate")
 
     def replay(self, graph, stream: int):
-        check(self._hip.hipGraphLaunch(graph[1], stream or None), "hipGraphLaunch")
+        with self.active():
+            check(self._hip.hipGraphLaunch(graph[1], stream or None), "hipGraphLaunch")
 
     def destroy_graph(self, graph):
         hip = self._hip
-        hip.hipGraphExecDestroy(graph[1])
-        hip.hipGraphDestroy(graph[0])
+        with self.active():
+            hip.hipGraphExecDestroy(graph[1])
+            hip.hipGraphDestroy(graph[0])
 
     def time_ms(self, run, repeats: int, stream: int = 0) -> float:
         """Median of `repeats` event-timed calls of run() on `stream`, in ms."""
@@ -365,4 +430,5 @@ class Device:
             elapsed = staticmethod(lambda a, b: check(hip.hipEventElapsedTime(a, b), "hipEventElapsedTime"))
             destroy = staticmethod(lambda e: hip.hipEventDestroy(e))
 
-        return median_event_ms(Events, run, repeats)
+        with self.active():  # events belong to the device current when they are made
+            return median_event_ms(Events, run, repeats)
