@@ -156,9 +156,10 @@ def _permuted(x, perm, K: int):
     raise TypeError(f"perm= needs x as numpy, torch or cupy; got a {xi.framework} array")
 
 
-def _gemv_host(shape, infos, out_shape, config, stream):
-    """numpy in, numpy out: copies to the device and back (convenient, not fast)."""
-    dev = backends.device(0)
+def _gemv_host(shape, infos, out_shape, config, stream, device):
+    """numpy in, numpy out: copies to the device and back (convenient, not fast). `device`: the
+    GPU ordinal, None for the calling thread's current one."""
+    dev = backends.device(backends.current_ordinal() if device is None else device)
     s = stream_handle(stream, infos[0])
     arrays = [i.obj if i is not None else None for i in infos[:4]]
     ptrs = []
@@ -184,7 +185,7 @@ def _gemv_host(shape, infos, out_shape, config, stream):
                 dev.free(p)
 
 
-def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=None):
+def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=None, device=None):
     """y = dequantize(w, scales, zeros) @ x for one token (M=1), fp32 accumulation, fp16 out.
 
     x: float16 [K] or [1, K]. w: uint8 [N, K/2], low nibble = even k. scales: float16
@@ -195,20 +196,26 @@ def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=N
     (torch, cupy, DLPack, __cuda_array_interface__; zero-copy, launched on `stream`,
     default the framework's current stream). Returns an array of the kind of x.
     config=(BS, TN) or 'BS,TN[,field=value...]' forces the launch geometry and variant.
+    device: the GPU ordinal numpy arrays run on (default: the calling thread's current device,
+    as torch.cuda.set_device / cudaSetDevice / hipSetDevice chose it, else 0). Device arrays
+    run on their own GPU; a `device` that differs from it is a ValueError.
     """
     if config is not None:
         config_override(config)  # a malformed config fails before any device or copy is touched
     if perm is not None:
         x = _permuted(x, perm, describe("w", w).shape[-1] * 2)
     fast_key = None
-    if out is not None and type(x).__module__ == "torch":
+    if out is not None and device is None and type(x).__module__ == "torch":
         fast_key, env = (id(x), id(w), id(scales), id(zeros), id(out), config if isinstance(config, (str, type(None))) else tuple(config)), _env_state()
         if _replay(fast_key, env, x, w, scales, zeros, out, stream):
             return out
     shape, infos, out_shape = validate(x, w, scales, zeros, out)
     xi = infos[0]
     if not xi.on_device:
-        return _gemv_host(shape, infos, out_shape, config, stream)
+        return _gemv_host(shape, infos, out_shape, config, stream, device)
+    if device is not None and device != xi.device[1]:
+        raise ValueError(f"device={device!r} but the arrays are on GPU {xi.device[1]}; leave device= "
+                         f"unset for device arrays, or move them")
     dev = backends.device(xi.device[1])
     s = stream_handle(stream, xi)
     kernel = kernel_for(dev, shape, config, s)

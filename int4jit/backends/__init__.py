@@ -126,8 +126,13 @@ def device(ordinal: int = 0, backend: str | None = None):
 
 def current_ordinal(backend: str | None = None) -> int:
     """The calling thread's current GPU on the backend that runs kernels (what
-    torch.cuda.set_device, cudaSetDevice or hipSetDevice chose); 0 where none is current."""
-    return module_for(_backend_name(backend)).current_ordinal()
+    torch.cuda.set_device, cudaSetDevice or hipSetDevice chose); 0 where none is current, or
+    where no backend can run (device() then says why)."""
+    try:
+        name = _backend_name(backend)
+    except BackendUnavailable:
+        return 0
+    return module_for(name).current_ordinal()
 
 
 def devices(backend: str | None = None) -> list:
