@@ -175,11 +175,16 @@ def cmd_info(args) -> int:
         except BackendUnavailable as e:
             cv = f"unavailable ({str(e).splitlines()[0]})"
         ok, why = mod.available()
-        print(f"  {name}: compiler {cv}; device {'yes' if ok else 'no (' + why + ')'}")
-        if ok:
-            dev = backends.device(backend=name)
-            print(f"    {dev.name}: arch {dev.arch}, {dev.sm_count} SMs/CUs, L2 {dev.l2_bytes >> 20} MB, "
-                  f"warp {dev.warp_size}, dot2 {'yes' if dev.has_dot2 else 'no'}")
+        count = mod.device_count() if ok else 0
+        print(f"  {name}: compiler {cv}; devices {count if ok else 'none (' + why + ')'}")
+        for ordinal in range(count):
+            try:
+                dev = backends.device(ordinal, backend=name)
+                print(f"    [{ordinal}] {dev.name}: arch {dev.arch}, {dev.sm_count} SMs/CUs, "
+                      f"memory {dev.total_memory() / 2**30:.1f} GiB, L2 {dev.l2_bytes >> 20} MB, "
+                      f"warp {dev.warp_size}, dot2 {'yes' if dev.has_dot2 else 'no'}")
+            except (Int4JitError, ValueError) as e:  # one GPU that cannot be opened does not hide the rest
+                print(f"    [{ordinal}] cannot be opened: {str(e).splitlines()[0]}")
     root = cache.cache_dir()
     for label, path in (("code objects", cache.code_dir()), ("tuning DB", cache.db_dir())):
         files, size = cache.dir_size(path)
