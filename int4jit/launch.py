@@ -34,7 +34,7 @@ _lock = threading.Lock()
 def load(device, spec: KernelSpec) -> Kernel:
     """Compile (or fetch from cache) and load `spec` on `device`; a cached code object that the
     driver rejects is deleted and rebuilt once."""
-    key = (id(device), spec)
+    key = (device, spec)
     k = _loaded.get(key)
     if k is not None:
         return k
