@@ -150,7 +150,7 @@ def _permuted(x, perm, K: int):
     if xi.framework == "numpy":
         return np.ascontiguousarray(x[..., np.asarray(perm)])
     if xi.framework == "torch":
-        return x.index_select(-1, perm.long() if perm.dtype != sys.modules["torch"].int64 else perm).contiguous()
+        return x.index_select(-1, perm)  # int32 or int64 indices: no conversion launch
     if xi.framework == "cupy":
         return sys.modules["cupy"].ascontiguousarray(x[..., perm])
     raise TypeError(f"perm= needs x as numpy, torch or cupy; got a {xi.framework} array")

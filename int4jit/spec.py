@@ -134,7 +134,7 @@ class KernelSpec:
 
     def label(self) -> str:
         """'128,4' or '128,4,streaming=1': the override syntax, and the tuner's candidate name."""
-        v = self.variant.text() if self.kernel == "tc" else ""
+        v = self.variant.text() if self.kernel in ("tc", "tc_batch") else ""
         return f"{self.config}" + (f",{v}" if v else "")
 
     def param(self, name: str):
@@ -203,6 +203,8 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
     """The variants the tuner measures at one (BS, TN), the default first. The default search
     flips one field at a time (streaming, one_wave, loads, prefetch); exhaustive adds kcluster
     (sm_90) and raw_a combinations."""
+    if kernel == "tc_batch":  # its one knob: weight loads in flight a lane
+        return [SIMT_VARIANT, replace(SIMT_VARIANT, loads=8)]
     if kernel != "tc":
         return [SIMT_VARIANT]
     base = normalise_variant(shape, config, arch, default_variant(shape, kernel, config), pdl)
@@ -293,7 +295,7 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
         regs=48 + cfg.TN * unroll * 6 + 4 * tw)
 
 
-def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool) -> KernelSpec:
+def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool, loads: int = 4) -> KernelSpec:
     """gemv_tc_batch.hip (1..16 tokens, fp16 or bf16): TN/2 tiles of 16 rows a warp, the BS/32
     warps of a block split K by steps of 128 (no more warps than steps, nor than the shared memory
     their M x rows sums need)."""
@@ -302,13 +304,15 @@ def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool) ->
     steps = _ceil(shape.K, 128)
     ksplit = max(1, min(cfg.BS // 32, steps, STATIC_SMEM_LIMIT // (4 * shape.M * rows_per_block)))
     per_warp = _ceil(steps, ksplit)
-    unroll = max(1, min(4 // (2 * tw) if tw <= 2 else 1, per_warp))
+    unroll = max(1, min(loads // (2 * tw), per_warp))
+    if unroll == max(1, min(4 // (2 * tw), per_warp)):
+        loads = 4  # the same build as the default: one key, measured once
     cpp = lambda b: "true" if b else "false"
     params = (("M", shape.M), ("BF16", cpp(shape.dtype == "bfloat16")),
               ("SCALE_BF16", cpp(shape.scale_dtype == "bfloat16")), ("KSPLIT", ksplit), ("TW", tw),
               ("UNROLL", unroll))
     return KernelSpec(
-        shape, arch, "tc_batch", cfg, SIMT_VARIANT, params, _ceil(shape.N, rows_per_block), 32 * ksplit, pdl,
+        shape, arch, "tc_batch", cfg, replace(SIMT_VARIANT, loads=loads), params, _ceil(shape.N, rows_per_block), 32 * ksplit, pdl,
         rows_per_block=rows_per_block, k_efficiency=(shape.K // 32) / (4 * ksplit * per_warp),
         inflight_bytes=cfg.TN * unroll * 16, thread_bytes=cfg.TN * per_warp * 16,
         regs=64 + cfg.TN * unroll * 6 + 8 * tw * _ceil(shape.M, 8))
@@ -326,11 +330,13 @@ def make_spec(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, va
         raise ValueError(f"unknown kernel {kernel!r}: expected one of {KERNELS}")
     if variant is None:
         variant = default_variant(shape, kernel, config)
+    if kernel == "tc_batch":
+        if replace(variant, loads=4, prefetch=0) not in (SIMT_VARIANT,):
+            raise ValueError(f"the tc_batch kernel's one variant field is loads; got {variant.text()!r}")
+        return _tc_batch_spec(shape, arch, config, pdl, variant.loads)
     if kernel != "tc":
         if variant not in (SIMT_VARIANT, Variant()):
             raise ValueError(f"the {kernel} kernel has no variant fields; got {variant.text()!r}")
-        if kernel == "tc_batch":
-            return _tc_batch_spec(shape, arch, config, pdl)
         return _simt_spec(shape, arch, config, pdl)
     return _tc_spec(shape, arch, config, variant, pdl, sm_count or KNOWN_SMS.get(arch, 64))
 

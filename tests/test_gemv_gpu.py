@@ -468,3 +468,16 @@ def test_bf16_scales_and_int4linear_tokens():
             ref = int4jit.reference_gemv(x[0].float().cpu().numpy(), w, s, z)
             assert rel_error(y[0].float().cpu().numpy(), ref) <= (TOL if dtype == t.float16 else 5e-3)
     assert not layer._warned and layer._kernel_ok
+
+
+@pytest.mark.parametrize("cfg", ["128,4,loads=8", "256,2,loads=8", "512,2,loads=8"])
+@pytest.mark.parametrize("M,dtype,group", [(8, "float16", 128), (16, "bfloat16", 32), (3, "float16", 16)])
+def test_tc_batch_loads_variant(cfg, M, dtype, group):
+    t = _torch()
+    rng = np.random.default_rng()
+    _, w, s, z = random_problem(rng, 3001, 4160, group, False)
+    xs = t.randn(M, 4160, device="cuda", dtype=getattr(t, dtype))
+    y = int4jit.gemv(xs, *[t.from_numpy(a).cuda() for a in (w, s, z)], config=cfg)
+    t.cuda.synchronize()
+    ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, s, z)
+    assert rel_error(y.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
