@@ -475,8 +475,9 @@ def test_bf16_scales_and_int4linear_tokens():
 def test_tc_batch_loads_variant(cfg, M, dtype, group):
     t = _torch()
     rng = np.random.default_rng()
-    _, w, s, z = random_problem(rng, 3001, 4160, group, False)
-    xs = t.randn(M, 4160, device="cuda", dtype=getattr(t, dtype))
+    K = 4224 if group == 128 else 4160  # a partial last step where the group allows one
+    _, w, s, z = random_problem(rng, 3001, K, group, False)
+    xs = t.randn(M, K, device="cuda", dtype=getattr(t, dtype))
     y = int4jit.gemv(xs, *[t.from_numpy(a).cuda() for a in (w, s, z)], config=cfg)
     t.cuda.synchronize()
     ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, s, z)
