@@ -16,7 +16,7 @@ def main():
     args = ap.parse_args()
     torch = gpu_or_exit("tokens.py")
     G = args.group
-    print(f"| N×K | g | dtype | " + " | ".join(f"M={m} µs" for m in args.tokens.split(",")) + " | M=8 / M=1 fp16 |")
+    print("| N×K | g | dtype | " + " | ".join(f"M={m} µs" for m in args.tokens.split(",")) + " | M=8 / M=1 fp16 |")
     for text in args.shapes.split(","):
         N, K = map(int, text.split("x"))
         c = max(2, min(512, math.ceil(L2_DEFEAT / int4_bytes(N, K, G))))

@@ -6,7 +6,7 @@ from .formats import Int4Weights, from_awq, from_gptq, from_matmulnbits, from_qu
 from .reference import dequantize, quantize, reference_gemv
 from .shapes import GemvShape, LaunchConfig
 
-__all__ = ["gemv", "quantize", "dequantize", "reference_gemv", "from_matmulnbits", "to_matmulnbits",
+__all__ = ["gemv", "GemvWeights", "quantize", "dequantize", "reference_gemv", "from_matmulnbits", "to_matmulnbits",
            "from_awq", "from_gptq", "from_quantized_layer", "Int4Weights", "GemvShape", "LaunchConfig",
            "CompileError", "DriverError", "BackendUnavailable", "Int4JitError", "__version__"]
 

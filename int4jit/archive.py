@@ -55,28 +55,20 @@ def export_cache(path) -> int:
                 if entries:
                     dbs[f"tuning/{p.name}"] = json.dumps({"schema": DB_SCHEMA, "arch": p.stem, "entries": entries},
                                                          sort_keys=True).encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     hashes = {}
-    try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.USTAR_FORMAT) as tar:
-            def add(name: str, data: bytes):
-                info = tarfile.TarInfo(name)
-                info.size, info.mode = len(data), 0o600
-                tar.addfile(info, io.BytesIO(data))
-                hashes[name] = cache.sha256(data)
-            for info in code:
-                add(f"code/{info.key[:2]}/{info.key}.bin", info.path.read_bytes())
-            for name, data in dbs.items():
-                add(name, data)
-            files = dict(hashes)
-            add(MANIFEST, json.dumps({"int4jit_cache": 1, "files": files}, indent=1, sort_keys=True).encode())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with cache.replaced_atomically(path) as raw, \
+            tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.USTAR_FORMAT) as tar:
+        def add(name: str, data: bytes):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
+            hashes[name] = cache.sha256(data)
+        for info in code:
+            add(f"code/{info.key[:2]}/{info.key}.bin", info.path.read_bytes())
+        for name, data in dbs.items():
+            add(name, data)
+        files = dict(hashes)
+        add(MANIFEST, json.dumps({"int4jit_cache": 1, "files": files}, indent=1, sort_keys=True).encode())
     return len(files)
 
 

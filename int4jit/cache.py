@@ -8,6 +8,7 @@ is refused (as ssh and git's safe.directory do), with one warning, in favour of 
 fallback dir per user that every later run reuses."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -149,13 +150,14 @@ def make_private_dirs(path: Path):
                 raise
 
 
-def atomic_write(path: Path, data: bytes):
-    """Write `data` to `path` via a private temp file in the same folder + os.replace."""
-    make_private_dirs(path.parent)
+@contextlib.contextmanager
+def replaced_atomically(path: Path):
+    """Yield an open private (0600) temp file beside `path`; on success it is renamed onto
+    `path` (readers never see half a file), on any error it is removed."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:  # mkstemp makes the file 0600
-            f.write(data)
+        with os.fdopen(fd, "wb") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -165,6 +167,13 @@ def atomic_write(path: Path, data: bytes):
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_write(path: Path, data: bytes):
+    """Write `data` to `path` via a private temp file in the same folder + os.replace."""
+    make_private_dirs(path.parent)
+    with replaced_atomically(path) as f:
+        f.write(data)
 
 
 def sha256(data: bytes) -> str:

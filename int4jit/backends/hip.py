@@ -6,7 +6,6 @@ import contextlib
 import functools
 import os
 import re
-import tempfile
 
 import numpy as np
 
