@@ -14,13 +14,12 @@ from .arrays import describe
 from .backends._args import PackedArgs
 from .env import ALIASES
 from .launch import Kernel, load
-from .plan import config_override, plan, read_env
+from .plan import PLAN_VARIABLES, config_override, plan, read_env
 from .shapes import MAX_TOKENS, GemvShape
 from .trace import trace
 from .validate import validate, validate_x
 
-_ENV_KEYS = tuple(v for name in ("INT4JIT_CONFIG", "INT4JIT_EXHAUSTIVE_TUNE", "INT4JIT_TUNE", "INT4JIT_KERNEL",
-                                 "INT4JIT_PDL") for v in ALIASES[name])
+_ENV_KEYS = tuple(v for name in PLAN_VARIABLES for v in ALIASES[name])  # every alias of each
 _kernels: dict[tuple, Kernel] = {}
 _kernels_lock = threading.Lock()
 _local = threading.local()  # per-thread prepared calls: their argument buffers are mutated

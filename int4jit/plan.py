@@ -14,6 +14,8 @@ from .shapes import GemvShape, LaunchConfig
 from .spec import KernelSpec, arch_number, choose_kernel, make_spec
 
 KERNEL_CHOICES = CHOICES["INT4JIT_KERNEL"]
+# The variables a plan depends on (read by read_env); callers that memoise plans key on them.
+PLAN_VARIABLES = ("INT4JIT_CONFIG", "INT4JIT_EXHAUSTIVE_TUNE", "INT4JIT_TUNE", "INT4JIT_KERNEL", "INT4JIT_PDL")
 
 
 @dataclass(frozen=True)
