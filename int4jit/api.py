@@ -16,6 +16,7 @@ from .env import ALIASES
 from .launch import Kernel, load
 from .plan import PLAN_VARIABLES, config_override, plan, read_env
 from .shapes import MAX_TOKENS, GemvShape
+from .spec import make_dequant_spec
 from .trace import trace
 from .validate import validate, validate_x
 
@@ -47,10 +48,12 @@ def kernel_for(dev, shape: GemvShape, config, stream: int) -> Kernel:
     key = (dev, shape, config if config is None or isinstance(config, str) else tuple(config), _env_state())
     k = _kernels.get(key)
     if k is None:
-        # Benchmarking while the stream records a graph would launch into it: cheap tiers only.
-        p = plan(shape, dev.arch, dev, env=read_env(), config=config, tune=not dev.is_capturing(stream))
+        # Benchmarking while the stream records a graph would launch into it: cheap tiers only,
+        # and a heuristic pick made then is not kept (the next call outside the capture tunes).
+        capturing = dev.is_capturing(stream)
+        p = plan(shape, dev.arch, dev, env=read_env(), config=config, tune=not capturing)
         k = load(dev, p.spec)
-        if p.tier != "heuristic" or not dev.is_capturing(stream):
+        if p.tier != "heuristic" or not capturing:
             with _kernels_lock:
                 _kernels[key] = k
     return k
@@ -185,12 +188,12 @@ def _gemv_host(shape, infos, out_shape, config, stream, device):
 
 
 def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=None, device=None):
-    """y = dequantize(w, scales, zeros) @ x for one token (M=1), fp32 accumulation, fp16 out.
+    """y = x @ dequantize(w, scales, zeros)^T for 1..16 tokens, fp32 accumulation, out in x's dtype.
 
-    x: float16 [K] or [1, K]. w: uint8 [N, K/2], low nibble = even k. scales: float16
-    [N, K/g], g in {16, 32, 64, 128, 256}. zeros: uint8 [N, K/g] zero points 0..15, or None
-    (symmetric, zero point 8). perm: int32 [K] for act-order weights (y = W @ x[perm]).
-    out: float16 [N] / [1, N] to write into.
+    x: float16 or bfloat16 [K] or [M, K], M <= 16 (numpy: float16). w: uint8 [N, K/2], low
+    nibble = even k. scales: float16 or bfloat16 [N, K/g], g in {16, 32, 64, 128, 256}. zeros:
+    uint8 [N, K/g] zero points 0..15, or None (symmetric, zero point 8). perm: int32 [K] for
+    act-order weights (y = W @ x[perm]). out: [N] / [M, N] in x's dtype, to write into.
     Arrays are all numpy (copied to the GPU and back) or all device arrays on one GPU
     (torch, cupy, DLPack, __cuda_array_interface__; zero-copy, launched on `stream`,
     default the framework's current stream). Returns an array of the kind of x.
@@ -261,10 +264,8 @@ class GemvWeights:
         self._stream_of = torch_stream_getter()
         self._args = PackedArgs([0, infos[1].ptr, infos[2].ptr, 0 if zeros is None else infos[3].ptr, 0])
         self._values = self._args.values
-        self._launch = None
-        self._env = None
-        self._dense_launch: dict = {}
-        self._batch: dict = {}
+        self._launches: dict = {}      # (tokens, dtype, environment state) -> launch
+        self._dense_launch: dict = {}  # output dtype -> the dequantising launch
         self._lock = threading.Lock()
 
     def dense(self, out):
@@ -278,7 +279,6 @@ class GemvWeights:
                              f"on GPU {self.device_index}; got {out.dtype} {tuple(out.shape)} on {out.device}")
         launch = self._dense_launch.get(dtype)
         if launch is None:
-            from .spec import make_dequant_spec
             launch = self._dense_launch[dtype] = load(self.device, make_dequant_spec(
                 self.shape, self.device.arch, dtype)).launch_packed
         with self._lock:
@@ -288,27 +288,20 @@ class GemvWeights:
             launch(self._args, self._stream_of(self.device_index))
         return out
 
-    def _batch_kernel(self, stream: int, tokens: int, dtype):
-        """The launch for `tokens` tokens of `dtype` (the tc_batch kernel), planned once each."""
-        env = _env_state()
-        key = (tokens, dtype, env)
-        launch = self._batch.get(key)
+    def _kernel(self, stream: int, tokens: int, dtype):
+        """The launch for `tokens` tokens of `dtype`, planned once per environment state (so a later
+        INT4JIT_CONFIG takes effect); kept here so a call skips kernel_for's shape hashing."""
+        key = (tokens, dtype, _env_state())
+        launch = self._launches.get(key)
         if launch is None:
             name = "bfloat16" if dtype is self._torch.bfloat16 else "float16"
             shape = replace(self.shape, M=tokens, dtype=name)
-            launch = self._batch[key] = kernel_for(self.device, shape, None, stream).launch_packed
+            launch = self._launches[key] = kernel_for(self.device, shape, None, stream).launch_packed
         return launch
 
-    def _kernel(self, stream: int):
-        env = _env_state()
-        if self._launch is None or env != self._env:
-            k = kernel_for(self.device, self.shape, None, stream)
-            self._launch, self._env = k.launch_packed, env
-        return self._launch
-
     def __call__(self, x, out=None):
-        """y [..., N] for one float16 token x [..., K] on the weights' device, on torch's current
-        stream. A new x and out every call are fine."""
+        """y [..., N] for x [..., K] (1..16 tokens, float16 or bfloat16) on the weights' device, on
+        torch's current stream. A new x and out every call are fine."""
         torch = self._torch
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
@@ -327,7 +320,7 @@ class GemvWeights:
         if x_ptr & 15:  # a view at an odd offset: the kernel reads x in 16-byte loads
             validate_x(x, self.K, self.device_index)
         stream = self._stream_of(self.device_index)
-        launch = self._kernel(stream) if tokens == 1 and dt is torch.float16 else self._batch_kernel(stream, tokens, dt)
+        launch = self._kernel(stream, tokens, dt)
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
             v[0] = x_ptr

@@ -12,7 +12,7 @@ from . import backends, cache, compiler, env, plan, tuner
 from ._version import __version__
 from .errors import BackendUnavailable, CompileError, Int4JitError
 from .reference import dequantize, random_problem, reference_gemv
-from .shapes import GemvShape
+from .shapes import SUPPORTED_GROUPS, GemvShape
 
 DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
 DEFAULT_TARGETS = ["sm_90", "gfx90a", "gfx1030"]
@@ -349,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="shapes to work on, NxK separated by commas, e.g. 4096x4096,28672x4096")
         q.add_argument("--shapes-file", dest=dest("shapes_file"), default=default(None), metavar="FILE",
                        help="text file of NxK shapes, one or more per line, '#' starts a comment")
-        q.add_argument("--group", type=int, choices=(16, 32, 64, 128, 256), dest=dest("group"), default=default(128),
+        q.add_argument("--group", type=int, choices=SUPPORTED_GROUPS, dest=dest("group"), default=default(128),
                        help="quantisation group size along K (default 128)")
         q.add_argument("--symmetric", action="store_true", dest=dest("symmetric"), default=default(False),
                        help="symmetric weights: no zero points (zero point 8)")
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Benchmark every candidate for one shape on this GPU and store the winner.")
     t.add_argument("N", type=int, help="output rows (weight rows)")
     t.add_argument("K", type=int, help="input length (weight columns)")
-    t.add_argument("--group", type=int, default=128, choices=(16, 32, 64, 128, 256),
+    t.add_argument("--group", type=int, default=128, choices=SUPPORTED_GROUPS,
                    help="quantisation group size along K (default 128)")
     t.add_argument("--symmetric", action="store_true", help="symmetric weights: no zero points (zero point 8)")
     t.add_argument("--exhaustive", action="store_true", help="search the 20-point grid (BS 32-512 x TN 2-16)")

@@ -58,15 +58,20 @@ _memo: dict[KernelSpec, CompiledKernel] = {}
 _memo_lock = threading.Lock()
 
 
+def _source_and_key(spec: KernelSpec):
+    """(backend module, source name, source, compile options, code cache key) of a spec."""
+    mod = backends.module_for_arch(spec.arch)
+    name, source = render(spec)
+    options = COMPILE_OPTIONS[mod.NAME]
+    return mod, name, source, options, cache_key(source, spec.arch, mod.NAME, options, mod.compiler_version())
+
+
 def build(spec: KernelSpec) -> CompiledKernel:
     """The compiled kernel for `spec`, from memory, the disk cache, or the compiler."""
     hit = _memo.get(spec)
     if hit is not None:
         return hit
-    mod = backends.module_for_arch(spec.arch)
-    name, source = render(spec)
-    options = COMPILE_OPTIONS[mod.NAME]
-    key = cache_key(source, spec.arch, mod.NAME, options, mod.compiler_version())
+    mod, name, source, options, key = _source_and_key(spec)
     path = code_object_path(key)
     binary = cache.read_code_object(path)
     if binary is not None:
@@ -85,12 +90,7 @@ def build(spec: KernelSpec) -> CompiledKernel:
 
 def is_cached(spec: KernelSpec) -> bool:
     """Whether `spec`'s code object is in memory or on disk (no compile)."""
-    if spec in _memo:
-        return True
-    mod = backends.module_for_arch(spec.arch)
-    name, source = render(spec)
-    key = cache_key(source, spec.arch, mod.NAME, COMPILE_OPTIONS[mod.NAME], mod.compiler_version())
-    return code_object_path(key).is_file()
+    return spec in _memo or code_object_path(_source_and_key(spec)[-1]).is_file()
 
 
 def forget(compiled: CompiledKernel):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .reference import pack_nibbles
+from .reference import pack_nibbles, unpack_nibbles
 from .shapes import SUPPORTED_GROUPS
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ GEMM: nibble slot i holds column 8c + AWQ_ORDER[i]
@@ -54,10 +54,7 @@ class Int4Weights:
 
 def _unpack_low_first(packed: np.ndarray, count: int) -> np.ndarray:
     """uint8 [..., ceil(count/2)] -> uint8 [..., count], the first value in the low nibble."""
-    out = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), dtype=np.uint8)
-    out[..., 0::2] = packed & 0xF
-    out[..., 1::2] = packed >> 4
-    return out[..., :count]
+    return unpack_nibbles(packed)[..., :count]
 
 
 def _pack_low_first(values: np.ndarray) -> np.ndarray:

@@ -32,11 +32,11 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
 
 
 def unpack_nibbles(w: np.ndarray) -> np.ndarray:
-    """bytes [N, K/2] -> uint8 values [N, K], the inverse of pack_nibbles."""
+    """bytes [..., K/2] -> uint8 values [..., K], low nibble first: the inverse of pack_nibbles."""
     w = np.asarray(w, dtype=np.uint8)
-    q = np.empty((w.shape[0], w.shape[1] * 2), dtype=np.uint8)
-    q[:, 0::2] = w & 0x0F
-    q[:, 1::2] = w >> 4
+    q = np.empty(w.shape[:-1] + (w.shape[-1] * 2,), dtype=np.uint8)
+    q[..., 0::2] = w & 0x0F
+    q[..., 1::2] = w >> 4
     return q
 
 

@@ -318,9 +318,13 @@ def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool, lo
         regs=64 + cfg.TN * unroll * 6 + 8 * tw * _ceil(shape.M, 8))
 
 
-# Multiprocessors of known targets, for specs made without a device (compile-only, the heuristic).
-KNOWN_SMS = {"sm_90": 132, "sm_80": 108, "sm_89": 128, "sm_86": 84, "sm_100": 148, "sm_120": 170,
-             "gfx90a": 110, "gfx942": 304, "gfx908": 120, "gfx1030": 40, "gfx1100": 48, "gfx1151": 40}
+# (multiprocessors, threads a multiprocessor holds) of known targets, for specs and the heuristic's
+# model made without a device (compile-only); unknown targets take DEFAULT_TARGET.
+KNOWN_TARGETS = {"sm_90": (132, 2048), "sm_80": (108, 2048), "sm_89": (128, 1536), "sm_86": (84, 1536),
+                 "sm_100": (148, 2048), "sm_120": (170, 1536),
+                 "gfx90a": (110, 2048), "gfx942": (304, 2048), "gfx908": (120, 2560), "gfx1030": (40, 2048),
+                 "gfx1100": (48, 2048), "gfx1151": (40, 2048)}
+DEFAULT_TARGET = (64, 2048)
 
 
 def make_spec(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, variant: Variant | None = None,
@@ -331,14 +335,14 @@ def make_spec(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, va
     if variant is None:
         variant = default_variant(shape, kernel, config)
     if kernel == "tc_batch":
-        if replace(variant, loads=4, prefetch=0) not in (SIMT_VARIANT,):
+        if replace(variant, loads=4, prefetch=0) != SIMT_VARIANT:
             raise ValueError(f"the tc_batch kernel's one variant field is loads; got {variant.text()!r}")
         return _tc_batch_spec(shape, arch, config, pdl, variant.loads)
     if kernel != "tc":
         if variant not in (SIMT_VARIANT, Variant()):
             raise ValueError(f"the {kernel} kernel has no variant fields; got {variant.text()!r}")
         return _simt_spec(shape, arch, config, pdl)
-    return _tc_spec(shape, arch, config, variant, pdl, sm_count or KNOWN_SMS.get(arch, 64))
+    return _tc_spec(shape, arch, config, variant, pdl, sm_count or KNOWN_TARGETS.get(arch, DEFAULT_TARGET)[0])
 
 
 DEQUANT_BLOCK = 256

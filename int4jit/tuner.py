@@ -20,7 +20,7 @@ from .backends import module_for_arch
 from .cache import warn_write_failure
 from .errors import Int4JitError
 from .shapes import GemvShape, LaunchConfig, candidate_grid
-from .spec import (KernelSpec, Variant, default_variant, make_spec, template_hash, variant_from,
+from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, KernelSpec, Variant, default_variant, make_spec, template_hash, variant_from,
                    variant_space)
 from .trace import trace
 from .tuning_db import TuningDB, TuningRecord
@@ -143,15 +143,10 @@ class DeviceModel:
     row_cost_bytes: int = 256
 
 
-_KNOWN = {"sm_90": (132, 2048), "sm_80": (108, 2048), "sm_89": (128, 1536), "sm_86": (84, 1536),
-          "gfx90a": (110, 2048), "gfx942": (304, 2048), "gfx908": (120, 2560), "gfx1030": (40, 2048),
-          "gfx1100": (48, 2048), "gfx1151": (40, 2048)}
-
-
 def device_model(arch: str, device=None) -> DeviceModel:
     if device is not None:
         return DeviceModel(device.sm_count, device.max_threads_per_sm, device.regs_per_sm, device.warp_size)
-    sms, threads = _KNOWN.get(arch, (64, 2048))
+    sms, threads = KNOWN_TARGETS.get(arch, DEFAULT_TARGET)
     warp = 32 if arch.startswith("sm_") or not arch.startswith("gfx9") else 64
     return DeviceModel(sms, threads, 65536, warp)
 

@@ -23,6 +23,16 @@ def random_problem(rng, N, K, group, symmetric):
     return x, w, scales, zeros
 
 
+def need(module: str):
+    """Import a test dependency: skip where it is missing, fail in CI (scripts/test.sh installs it)."""
+    try:
+        return __import__(module)
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail(f"{module} is missing in CI: scripts/test.sh installs it")
+        pytest.skip(f"{module} not installed")
+
+
 def rel_error(y, ref, floor: float = 0.0) -> float:
     """||y - ref|| / ||ref||, the denominator at least `floor` (see few_outputs_floor)."""
     y = np.asarray(y, dtype=np.float64).reshape(-1)

@@ -5,18 +5,8 @@ import pytest
 
 import int4jit
 
-from conftest import rel_error
+from conftest import need as _need, rel_error
 
-
-
-def _need(mod):
-    import os
-    try:
-        return __import__(mod)
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail(f"{mod} is missing in CI: scripts/test.sh installs it")
-        pytest.skip(f"{mod} not installed")
 
 
 def build_matmulnbits_model(path, K, N, block, B, scales, zero_points):

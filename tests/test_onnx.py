@@ -11,19 +11,9 @@ import pytest
 import int4jit
 from int4jit.reference import pack_nibbles
 
-from conftest import rel_error
+from conftest import need as _need, rel_error
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def _need(mod):
-    import os
-    try:
-        return __import__(mod)
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail(f"{mod} is missing in CI: scripts/test.sh installs it")
-        pytest.skip(f"{mod} not installed")
 
 
 def _y(wt, x):
