@@ -1,42 +1,42 @@
 """Score the heuristic against measured winners (bench/results/tuning-*.json from
-bench/make_table.py): how often its pick is the winner, or within 5% of it, on the
-default 9-point grid and the exhaustive 20-point grid. Runs on the CPU.
+bench/make_table.py): how often its pick is the winner, or within 5% (and 15%) of it, on the
+default 9-point grid and the exhaustive 20-point grid, each at the default variant. Runs on the CPU.
 
     python3 bench/score_heuristic.py [bench/results/tuning-sm_90.json ...]
 
-TODO(api): uses int4jit internals (tuner.heuristic(shape, arch, exhaustive=...),
-shapes.candidate_grid). It needs a public "what would the no-GPU pick be for this shape on
-this arch" call (e.g. `int4jit warm --compile-only --arch sm_90 --dry-run --json` printing
-the pick per shape, or a documented int4jit.plan(...)) and the candidate list of each grid,
-variants included. Switch once the planner refactor (issue 17) lands."""
+The pick is validate_selection.heuristic_spec, what tuner.select's no-GPU tier yields: one
+definition for both scripts (bench/validate_selection.py scores it on shapes outside the table)."""
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from int4jit import plan, tuner  # noqa: E402
-from int4jit.shapes import GemvShape, candidate_grid  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validate_selection import heuristic_spec, parse_key  # noqa: E402
+
+from int4jit import plan  # noqa: E402
+from int4jit.shapes import candidate_grid  # noqa: E402
+from int4jit.spec import make_spec  # noqa: E402
 
 
-def parse_key(key: str) -> GemvShape:
-    nk, g, sym = key.split("/")
-    n, k = nk.split("x")
-    return GemvShape(int(n), int(k), int(g[1:]), sym == "sym")
+def grid_label(spec, candidates: dict) -> str:
+    """A grid point's name in a tuning file: its label at the default variant, or plain 'BS,TN'
+    in files written before the variant record."""
+    return spec.label() if spec.label() in candidates else str(spec.config)
 
 
 def score(path: Path):
     doc = json.loads(path.read_text())
     arch = doc["arch"]
     for exhaustive in (False, True):
-        grid = {str(c) for c in candidate_grid(exhaustive)}
         exact = near = near15 = 0
         losses = []
         for key, cands in sorted(doc["records"].items()):
-            times = {c: t for c, t in cands.items() if t is not None and c in grid}
-            best = min(times.values())
             shape = parse_key(key)
-            pick = str(tuner.heuristic(shape, arch, plan.target(shape, arch)[1], exhaustive=exhaustive))
-            t = times.get(pick, float("inf"))
+            _, kernel, pdl = plan.target(shape, arch)
+            grid = [grid_label(make_spec(shape, arch, kernel, c, pdl=pdl), cands) for c in candidate_grid(exhaustive)]
+            times = {label: cands[label] for label in grid if cands.get(label) is not None}
+            best = min(times.values())
+            t = times.get(grid_label(heuristic_spec(shape, arch, kernel, pdl, exhaustive), cands), float("inf"))
             exact += t == best
             near += t <= 1.05 * best
             near15 += t <= 1.15 * best
