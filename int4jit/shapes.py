@@ -46,7 +46,7 @@ class GemvShape:
 
     @property
     def plain(self) -> bool:
-        """One fp16 token with fp16 scales: what the simt and tc kernels serve."""
+        """One fp16 token with fp16 scales: what every kernel serves (simt only this)."""
         return self.M == 1 and self.dtype == "float16" and self.scale_dtype == "float16"
 
     def key(self) -> str:

@@ -1,8 +1,9 @@
 """What one kernel launch is, as one frozen value: the KernelSpec.
 
-A spec names the kernel (`simt`: templates/gemv.hip, any target; `tc`: templates/gemv_tc.hip,
-NVIDIA tensor cores), its launch geometry (BS, TN), its variant record (the tc kernel's
-searchable knobs), and everything derived from them: template parameters, grid, block, whether
+A spec names the kernel (`simt`: templates/gemv.hip, any target, one fp16 token; `tc`:
+templates/gemv_tc.hip, NVIDIA tensor cores, one token or up to 8 with groups >= 128, fp16 or
+bf16; `tc_batch`: templates/gemv_tc_batch.hip, the other cases up to 16 tokens), its launch
+geometry (BS, TN), its variant record (the tc kernel's searchable knobs), and everything derived from them: template parameters, grid, block, whether
 the launch uses programmatic dependent launch (pdl). Rendering, compiling, loading, launching
 and every cache key read the spec; nothing is derived twice. Pure functions, no I/O.
 """
@@ -155,21 +156,31 @@ def _next_pow2(n: int) -> int:
 TC_MIN_ROWS = 2048
 
 
+# Tokens the tc kernel serves in one launch (groups >= 128: its D columns are tokens).
+TC_MAX_TOKENS = 8
+
+
 def tc_possible(shape: GemvShape, tensor_cores: bool) -> bool:
     return tensor_cores and shape.K % 32 == 0
+
+
+def tc_serves(shape: GemvShape) -> bool:
+    """Whether gemv_tc.hip takes the shape: one token (fp16 or bf16), or up to TC_MAX_TOKENS with
+    groups of 128 and more (below 128 its diagonal trick spends the D columns on chunks)."""
+    return shape.M == 1 or (shape.M <= TC_MAX_TOKENS and shape.group >= 128)
 
 
 def choose_kernel(shape: GemvShape, tensor_cores: bool, requested: str = "auto") -> str:
     """`tc` where the target has the m16n8k16 step, K is whole 16-byte loads and N is large
     enough; `simt` elsewhere. requested='simt'|'tc' asks for one (tc where it cannot serve is a
-    ValueError: nothing falls back silently). Several tokens or bf16 take `tc_batch`, which needs
-    the tensor-core step (NotImplementedError elsewhere, AMD included)."""
+    ValueError: nothing falls back silently). Several tokens or bf16 need the tensor-core step
+    (NotImplementedError elsewhere, AMD included): `tc` where it serves them, else `tc_batch`."""
     if not shape.plain:
         if not tc_possible(shape, tensor_cores):
             raise NotImplementedError(
-                f"{shape.key()}: several tokens or bf16 run on the tc_batch kernel, which needs an NVIDIA "
+                f"{shape.key()}: several tokens or bf16 run on the tensor-core kernels, which need an NVIDIA "
                 f"sm_80+ target and K % 32 == 0 (one fp16 token runs everywhere)")
-        return "tc_batch"
+        return "tc" if tc_serves(shape) else "tc_batch"
     if requested == "simt":
         return "simt"
     if requested == "tc":
@@ -234,10 +245,11 @@ def arch_number(arch: str) -> int:
 
 def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant, pdl: bool = True) -> Variant:
     """The variant as it will be built: fields that cannot apply are reset (raw_a needs
-    streaming; kcluster needs sm_90 and K of two steps or more; prefetch needs PDL on sm_90)."""
-    if not v.streaming and v.raw_a:
+    streaming and one fp16 token; kcluster needs sm_90, one token and K of two steps or more;
+    prefetch needs PDL on sm_90)."""
+    if v.raw_a and (not v.streaming or not shape.plain):
         v = replace(v, raw_a=False)
-    if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster):
+    if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster or shape.M > 1):
         v = replace(v, kcluster=1)
     if v.prefetch and (arch_number(arch) < 90 or not pdl):
         v = replace(v, prefetch=0)
@@ -268,22 +280,25 @@ STATIC_SMEM_LIMIT = 48 << 10
 
 def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bool, sm_count: int) -> KernelSpec:
     """gemv_tc.hip: a lane streams TN rows (TN/2 tiles of 16 rows a warp); the BS/32 warps of a
-    block split K in steps of 128 elements (no more warps than steps). Groups under 128 walk K in
-    contiguous ranges per warp, larger groups interleave the warps' steps."""
+    block split K in steps of 128 elements (no more warps than steps, nor than the shared memory
+    their M x rows sums need). Groups under 128 walk K in contiguous ranges per warp, larger
+    groups interleave the warps' steps."""
     v = normalise_variant(shape, cfg, arch, v, pdl)
     tw = cfg.TN // 2
     steps = _ceil(shape.K, 128)
     kc = v.kcluster
-    ksplit = min(cfg.BS // 32, steps // kc)
+    rows_per_block = 16 * tw
+    ksplit = max(1, min(cfg.BS // 32, steps // kc, STATIC_SMEM_LIMIT // (4 * shape.M * rows_per_block)))
     per_warp = _ceil(steps, ksplit * kc)
     unroll = max(1, min(v.loads // (2 * tw), per_warp))
-    rows_per_block = 16 * tw
-    # x in shared memory where it fits the static limit beside the K-split partial sums.
-    xsmem = v.streaming and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
+    # x (one token) in shared memory where it fits the static limit beside the K-split partial sums.
+    xsmem = v.streaming and shape.M == 1 and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
     grid = kc * _ceil(shape.N, rows_per_block)
     min_blocks = _ceil(grid, sm_count) if v.one_wave and _ceil(grid, sm_count) <= 32 else 0
     cpp = lambda b: "true" if b else "false"
-    params = (("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", cpp(shape.group < 128)),
+    params = (("M", shape.M), ("BF16", cpp(shape.dtype == "bfloat16")),
+              ("SCALE_BF16", cpp(shape.scale_dtype == "bfloat16")),
+              ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", cpp(shape.group < 128)),
               ("STREAMING", cpp(v.streaming)), ("XSMEM", cpp(xsmem)), ("RAW_A", cpp(v.raw_a)),
               ("KCLUSTER", kc), ("PREFETCH", v.prefetch),
               ("KERNEL_ATTRS", (f"__cluster_dims__({kc}, 1, 1) " if kc > 1 else "")
@@ -292,7 +307,7 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
         shape, arch, "tc", cfg, v, params, grid, 32 * ksplit, pdl,
         rows_per_block=rows_per_block, k_efficiency=(shape.K // 32) / (4 * ksplit * kc * per_warp),
         inflight_bytes=cfg.TN * unroll * 16, thread_bytes=cfg.TN * per_warp * 16,
-        regs=48 + cfg.TN * unroll * 6 + 4 * tw)
+        regs=48 + cfg.TN * unroll * 6 + 4 * tw * (2 if shape.M > 1 else 1))
 
 
 def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool, loads: int = 4) -> KernelSpec:

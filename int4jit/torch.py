@@ -66,10 +66,10 @@ class Int4Linear(nn.Module):
     """nn.Linear with INT4 weights in int4jit's canonical layout.
 
     forward on [..., K] with 1..16 tokens, fp16 or bf16, on the GPU runs the int4jit kernels on
-    torch's current stream (graph capture works): one fp16 token on the simt/tc kernels, several
-    tokens or bf16 on tc_batch (NVIDIA sm_80+). More tokens (prefill) dequantise
-    once per call on the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised weight is kept per module
-    (up to CPU_DENSE_CACHE_BYTES). The first fallback of a module logs a warning naming why."""
+    torch's current stream (graph capture works): one fp16 token on the simt/tc kernels, bf16 or
+    several tokens on the tensor-core kernels (NVIDIA sm_80+). More tokens (prefill) dequantise
+    once per call on the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul;
+    on the CPU the dequantised weight is kept per module (up to CPU_DENSE_CACHE_BYTES). The first fallback of a module logs a warning naming why."""
 
     def __init__(self, w, scales, zeros=None, bias=None, perm=None):
         super().__init__()

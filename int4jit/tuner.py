@@ -20,8 +20,8 @@ from .backends import module_for_arch
 from .cache import warn_write_failure
 from .errors import Int4JitError
 from .shapes import GemvShape, LaunchConfig, candidate_grid
-from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, KernelSpec, Variant, default_variant, make_spec, template_hash, variant_from,
-                   variant_space)
+from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, TC_MIN_ROWS, KernelSpec, Variant, default_variant, make_spec,
+                   template_hash, variant_from, variant_space)
 from .trace import trace
 from .tuning_db import TuningDB, TuningRecord
 
@@ -119,12 +119,18 @@ def shipped_table(path: Path = TABLE_PATH) -> dict:
     return json.loads(path.read_text())
 
 
-def table_entry(shape: GemvShape, arch: str) -> Override | None:
-    """The shipped row (measured under the default kernel choice) for (arch, shape)."""
-    row = shipped_table().get(arch, {}).get(shape.key())
+def table_entry(shape: GemvShape, arch: str, kernel: str) -> tuple[Override, str] | None:
+    """(row, its key) of the shipped table (measured under the default kernel choice) for
+    (arch, shape). One bf16 token on the tc kernel takes the fp16 row of its (N, K, group): the
+    same loads and steps, bf16 in place of fp16 arithmetic (its variant is normalised: no raw_a)."""
+    rows = shipped_table().get(arch, {})
+    key = shape.key()
+    if key not in rows and kernel == "tc" and shape.M == 1 and shape.N >= TC_MIN_ROWS:
+        key = replace(shape, dtype="float16", scale_dtype="float16").key()
+    row = rows.get(key)
     if row is None:
         return None
-    return Override(LaunchConfig(*row["config"]), _fields(row.get("variant") or {}, "table.json"))
+    return Override(LaunchConfig(*row["config"]), _fields(row.get("variant") or {}, "table.json")), key
 
 
 # -- the heuristic ----------------------------------------------------------------------
@@ -228,9 +234,10 @@ def _select(shape, arch, kernel, device, override, exhaustive, tune, table, pdl)
         return Selection(LaunchConfig(rec.config["BS"], rec.config["TN"]), variant_from(cfg, str(db.path)),
                          "db", f"tuned here {rec.date}, {rec.us:.2f} us")
     if not exhaustive and table:
-        row = table_entry(shape, arch)
-        if row is not None:
-            return _chosen(shape, kernel, row, "table", f"shipped table.json row for {arch}")
+        hit = table_entry(shape, arch, kernel)
+        if hit is not None:
+            row, row_key = hit
+            return _chosen(shape, kernel, row, "table", f"shipped table.json row {row_key} for {arch}")
     if device is None or not tune:
         why = "INT4JIT_TUNE=0" if device is not None else "no device to benchmark on"
         cfg = heuristic(shape, arch, kernel, device, exhaustive)

@@ -27,7 +27,7 @@ def chunked_reference(x, w, s, z, rows=2048):
     """reference_gemv is row-wise: evaluate it in row blocks to bound host memory."""
     parts = [int4jit.reference_gemv(x, w[i:i + rows], s[i:i + rows], None if z is None else z[i:i + rows])
              for i in range(0, w.shape[0], rows)]
-    return np.concatenate(parts)
+    return np.concatenate(parts, axis=-1)  # [N] or [M, N]
 
 
 def run_torch(x, w, s, z, **kw):
@@ -189,6 +189,34 @@ def test_every_variant_against_reference(N, K, group, symmetric, cfg, variant):
     x, w, s, z = random_problem(rng, N, K, group, symmetric)
     y = run_torch(x, w, s, z, config=cfg + ("," + variant if variant else ""))
     assert rel_error(y, chunked_reference(x, w, s, z)) <= TOL
+
+
+TC_TOKEN_CASES = [(1, "bfloat16", "float16"), (1, "bfloat16", "bfloat16"), (1, "float16", "bfloat16"),
+                  (2, "float16", "float16"), (5, "bfloat16", "float16"), (8, "float16", "float16"),
+                  (8, "bfloat16", "bfloat16")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("N,K,group,symmetric,cfg", [(4096, 4096, 128, False, "128,4"), (3001, 2080, 16, True, "256,2"),
+                                                     (5120, 17920, 32, False, "256,8"), (28672, 4096, 128, True, "128,8"),
+                                                     (4097, 4352, 256, False, "64,2")])
+@pytest.mark.parametrize("M,dtype,scale_dtype", TC_TOKEN_CASES)
+def test_tc_tokens_and_bf16_every_variant(M, dtype, scale_dtype, N, K, group, symmetric, cfg, variant):
+    """The tc kernel with bf16 (x, out, scales) and several tokens, every variant field (those that
+    cannot apply are normalised away), against the float64 reference; outputs poisoned first."""
+    if M > 1 and group < 128:
+        pytest.skip("several tokens at g < 128 run on tc_batch (test_several_tokens_and_bf16_against_reference)")
+    t = _torch()
+    rng = np.random.default_rng()
+    _, w, s, z = random_problem(rng, N, K, group, symmetric)
+    st = t.from_numpy(s).cuda().to(getattr(t, scale_dtype))
+    xs = t.randn(M, K, device="cuda", dtype=getattr(t, dtype))
+    out = t.full((M, N), float("nan"), dtype=getattr(t, dtype), device="cuda")
+    int4jit.gemv(xs, t.from_numpy(w).cuda(), st, None if z is None else t.from_numpy(z).cuda(), out=out,
+                 config=cfg + ("," + variant if variant else ""))
+    t.cuda.synchronize()
+    ref = chunked_reference(xs.float().cpu().numpy(), w, st.float().cpu().numpy(), z)
+    assert rel_error(out.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
 
 
 def test_autotune_stores_the_winner_and_reuses_it(monkeypatch):
@@ -434,12 +462,14 @@ def test_several_tokens_and_bf16_against_reference(M, N, K, group, symmetric, dt
     assert rel_error(out.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
 
 
-@pytest.mark.parametrize("M,dtype", [(1, "bfloat16"), (8, "float16"), (16, "bfloat16")])
+@pytest.mark.parametrize("M,dtype,group", [(1, "bfloat16", 32), (8, "float16", 32), (16, "bfloat16", 32),
+                                           (8, "bfloat16", 128), (3, "float16", 128)])
 @pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
-def test_tc_batch_every_grid_point(cfg, M, dtype):
+def test_tokens_and_bf16_every_grid_point(cfg, M, dtype, group):
+    """tc (one bf16 token; up to 8 tokens at g >= 128) and tc_batch (the rest) at every (BS, TN)."""
     t = _torch()
     rng = np.random.default_rng()
-    _, w, s, z = random_problem(rng, 2051, 4224, 32, False)
+    _, w, s, z = random_problem(rng, 2051, 4224, group, False)
     xs = t.randn(M, 4224, device="cuda", dtype=getattr(t, dtype))
     args = [t.from_numpy(a).cuda() for a in (w, s, z)]
     y = int4jit.gemv(xs, *args, config=(cfg.BS, cfg.TN))

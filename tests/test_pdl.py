@@ -97,7 +97,10 @@ SPECS = [
     ("tc", GemvShape(4097, 17920, 32, False), LaunchConfig(128, 4), Variant(kcluster=2, prefetch=2)),
     ("tc", GemvShape(4100, 4160, 32, True), LaunchConfig(256, 4), None),          # K % 128 != 0, g32 sym
     ("tc", GemvShape(2048, 4096, 16, False), LaunchConfig(64, 8), Variant(one_wave=True, loads=8)),
-    ("tc_batch", GemvShape(4096, 4096, 128, False, 8), LaunchConfig(128, 4), None),                 # 8 tokens
+    ("tc", GemvShape(4096, 4096, 128, False, 8), LaunchConfig(128, 4), None),                       # 8 tokens
+    ("tc", GemvShape(28672, 4096, 128, True, 3, "bfloat16"), LaunchConfig(256, 4), Variant(streaming=True, prefetch=1)),
+    ("tc", GemvShape(4097, 4160, 32, False, 1, "bfloat16", "bfloat16"), LaunchConfig(128, 4), Variant(kcluster=2)),
+    ("tc_batch", GemvShape(4096, 4096, 32, False, 8), LaunchConfig(128, 4), None),                  # 8 tokens, g32
     ("tc_batch", GemvShape(4097, 4160, 16, True, 16, "bfloat16", "bfloat16"), LaunchConfig(512, 2), None),
 ]
 

@@ -6,7 +6,7 @@ import pytest
 
 from int4jit import plan, tuner
 from int4jit.shapes import GemvShape, LaunchConfig
-from int4jit.spec import (SIMT_VARIANT, Variant, default_variant, make_spec, normalise_variant,
+from int4jit.spec import (SIMT_VARIANT, Variant, choose_kernel, default_variant, make_spec, normalise_variant,
                           template_hash, variant_space)
 
 SHAPE = GemvShape(28672, 4096, 128, False)   # streams by default: every variant field applies
@@ -238,3 +238,39 @@ def test_prefetch_without_pdl_is_one_build_one_key():
     from int4jit import compiler
     assert compiler.render(a) == compiler.render(b)  # the same source ...
     assert a.key() == b.key()                         # ... so the same key
+
+
+@pytest.mark.parametrize("shape,kernel", [
+    (GemvShape(4096, 4096, 128, False), "tc"),
+    (GemvShape(1024, 4096, 128, False), "simt"),                                  # few rows: simt
+    (GemvShape(1024, 4096, 128, False, 1, "bfloat16"), "tc"),                     # bf16: no simt build
+    (GemvShape(4096, 4096, 32, False, 1, "float16", "bfloat16"), "tc"),           # bf16 scales
+    (GemvShape(4096, 4096, 128, True, 8, "bfloat16"), "tc"),                      # D columns are tokens
+    (GemvShape(4096, 4096, 256, False, 2), "tc"),
+    (GemvShape(4096, 4096, 64, False, 2), "tc_batch"),                            # the diagonal holds one token
+    (GemvShape(4096, 4096, 128, False, 9), "tc_batch"),                           # past TC_MAX_TOKENS
+])
+def test_kernel_choice_by_tokens_dtype_and_group(shape, kernel):
+    assert choose_kernel(shape, True) == kernel
+    if not shape.plain:
+        with pytest.raises(NotImplementedError, match="sm_80"):
+            choose_kernel(shape, False)
+
+
+@pytest.mark.parametrize("shape", [GemvShape(28672, 4096, 128, False, 1, "bfloat16"), GemvShape(28672, 4096, 128, False, 4)])
+def test_raw_a_and_kcluster_are_one_fp16_tokens(shape):
+    """raw_a's offsets and the cluster K split hold one fp16 token (one token for kcluster):
+    normalised away, so the build, its key and its x staging follow."""
+    s = make_spec(shape, "sm_90", "tc", CFG, Variant(streaming=True, raw_a=True, kcluster=2), pdl=True, sm_count=132)
+    assert not s.variant.raw_a and s.param("RAW_A") == "false"
+    assert (s.variant.kcluster, s.param("XSMEM")) == ((2, "true") if shape.M == 1 else (1, "false"))
+    assert s.param("M") == shape.M and s.param("BF16") == ("true" if shape.dtype == "bfloat16" else "false")
+    plain = make_spec(replace(shape, M=1, dtype="float16"), "sm_90", "tc", CFG, Variant(streaming=True, raw_a=True))
+    assert plain.variant.raw_a and plain.key() != s.key()
+
+
+def test_several_tokens_fit_their_sums_in_shared_memory():
+    """KSPLIT x M x rows fp32 sums within the static limit: fewer warps split K at 8 tokens, TN=16."""
+    s = make_spec(GemvShape(4096, 4096, 128, False, 8), "sm_90", "tc", LaunchConfig(512, 16))
+    assert s.param("KSPLIT") * 8 * s.rows_per_block * 4 <= 48 << 10 and s.block == 32 * s.param("KSPLIT")
+    assert make_spec(GemvShape(4096, 4096, 128, False), "sm_90", "tc", LaunchConfig(512, 16)).param("KSPLIT") == 16

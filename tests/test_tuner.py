@@ -187,6 +187,21 @@ def test_tier_order(monkeypatch, table, bench):
     assert len(bench.calls) == n + 1
 
 
+def test_one_bf16_token_takes_the_fp16_table_row(table, bench):
+    """One bf16 token runs the tc kernel's fp16 loads and steps: the fp16 row serves it (raw_a,
+    an fp16 trick, normalised away); several tokens, or few rows (simt's row), do not."""
+    from dataclasses import replace
+    dev = FakeDevice()
+    p = plan.plan(replace(SHAPE, dtype="bfloat16", scale_dtype="bfloat16"), "sm_90", dev, tune=False)
+    assert (p.tier, p.spec.kernel, p.spec.config, p.spec.variant.loads) == ("table", "tc", LaunchConfig(512, 16), 8)
+    assert SHAPE.key() in p.reason
+    assert plan.plan(replace(SHAPE, M=2), "sm_90", dev, tune=False).tier == "heuristic"
+    few = GemvShape(1024, 4096, 128, False)
+    table.write_text(json.dumps({"sm_90": {few.key(): {"config": [512, 16], "us": 1.0}}}))
+    assert plan.plan(replace(few, dtype="bfloat16"), "sm_90", dev, tune=False).tier == "heuristic"
+    assert bench.calls == []
+
+
 @pytest.mark.parametrize("differs", ["kernel", "template", "device", "compiler", "int4jit"])
 def test_db_record_from_another_kernel_or_context_is_not_used(differs, monkeypatch, caplog, bench, no_table):
     """Issue 17 item 3. A record answers one problem on one kernel (its key) measured in one

@@ -1,7 +1,9 @@
-// M=1 INT4 weight-only GEMV on tensor cores (NVIDIA sm_80+, mma.sync m16n8k16 f16 -> f32).
-//   y[n] = sum_k x[k] * (q[n,k] - z[n,k/g]) * s[n,k/g]     exact products, fp32 sums, fp16 out
-// Layout (ONNX Runtime MatMulNBits): w uint8 [N, K/2], low nibble = even k;
-// scales fp16 [N, K/g]; zeros uint8 [N, K/g] (absent when symmetric: zero point 8). K % 32 == 0.
+// INT4 weight-only GEMV on tensor cores (NVIDIA sm_80+, mma.sync m16n8k16 f16/bf16 -> f32).
+//   y[m,n] = sum_k x[m,k] * (q[n,k] - z[n,k/g]) * s[n,k/g]     exact products, fp32 sums
+// One token (M = 1) at any group size, or up to 8 tokens with groups of 128 and more; x and y in
+// fp16 or bf16 (BF16), scales in either (SCALE_BF16).
+// Layout (ONNX Runtime MatMulNBits): w uint8 [N, K/2], low nibble = even k; scales [N, K/g];
+// zeros uint8 [N, K/g] (absent when symmetric: zero point 8); x [M, K]; y [M, N]. K % 32 == 0.
 //
 // Work split. A block of KSPLIT warps owns TW tiles of 16 rows; its warps split K by steps of
 // 128 elements. In a step, lane (g = lane/4, t = lane%4) reads 32-element chunk 4*step + t of
@@ -10,10 +12,12 @@
 // Arithmetic per 32-bit word of 8 nibbles: four LOP3s give (1024+q) / (1024+16q) pairs, one
 // fp16 subtraction (or FMA by 1/16) each makes q - z exactly, and two mma steps multiply them
 // into fp32 with x (A = weights: rows g/g+8; B = x pairs). Products are exact, sums are fp32.
+// bf16 (7 mantissa bits) makes 128 + q from each nibble shifted down, and one bf16 FMA q - z.
 // Which B lanes carry x decides what D holds:
-//   GROUP >= 128: every lane, so D sums the four chunks of the step (one group) -> scale once.
+//   GROUP >= 128: every lane (lane group g: token g), so D column m sums the four chunks of the
+//                 step (one group) for token m -> scale once.
 //   GROUP <  128: only lane (g == t), so D column n holds chunk n alone (the diagonal trick)
-//                 and each chunk (or half chunk, GROUP 16) is scaled on its own.
+//                 and each chunk (or half chunk, GROUP 16) is scaled on its own. One token.
 //
 // STREAMING (the variant field `streaming`): each load slot is refilled with the next batch's data
 // as soon as its mma steps are issued, so loads stay in flight while the warp computes; x is
@@ -37,6 +41,9 @@ constexpr long long N = ${N};
 constexpr int K = ${K};
 constexpr int GROUP = ${GROUP};
 constexpr bool SYMMETRIC = ${SYMMETRIC};
+constexpr int M = ${M};                  // tokens
+constexpr bool BF16 = ${BF16};           // x, y and the mma in bf16 (else fp16)
+constexpr bool SCALE_BF16 = ${SCALE_BF16};
 constexpr int KSPLIT = ${KSPLIT};        // warps of a block; they split K
 constexpr int KC = ${KCLUSTER};          // blocks of a cluster that split one row block's K (sm_90)
 constexpr int KSPLIT_ALL = KSPLIT * KC;  // warps that split one row block's K
@@ -68,11 +75,21 @@ constexpr u32 SIXTEENTH = 0x2C002C00u;             // fp16 0.0625 in both halves
 constexpr u32 MAGIC_64 = 0x54005400u;              // fp16 64.0: its mantissa bits 4-7 count ones
 constexpr u32 H2_ONES = 0x3C003C00u;               // fp16 1.0 in both halves
 constexpr int ZE = RAW_A && DIAG ? 2 : 1;          // zero points a lane folds per row and segment
+constexpr u32 MAGIC_128 = 0x43004300u;             // bf16 128.0 in both halves
+constexpr u32 BF2_ONES = 0x3F803F80u;              // bf16 1.0 in both halves
+constexpr int MT = M > 1 ? 2 : 1;                  // tokens a lane folds (D columns 2t, 2t+1)
 
 static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
 static_assert(KC == 1 || __CUDA_ARCH__ >= 900, "a K split over the blocks of a cluster needs sm_90");
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
 static_assert(DIAG || K % 128 == 0, "GROUP >= 128 implies whole steps");
+static_assert(M >= 1 && M <= 8 && (M == 1 || !DIAG), "several tokens (up to 8) need GROUP >= 128");
+static_assert(!RAW_A || (M == 1 && !BF16), "raw_a is one fp16 token's");
+static_assert((!XSMEM && KC == 1) || M == 1, "x staging and cluster K splits are one token's");
+
+// A scale as fp32, and fp32 as the output type.
+__device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
+__device__ __forceinline__ u16 out_h(float f) { return BF16 ? f_to_bf16(f) : f_to_h(f); }
 
 // Weights; streaming builds add a 256-byte L2 fetch hint (a miss brings the neighbouring sectors).
 __device__ __forceinline__ u32x4 load_weights16(const void* p) {
@@ -80,10 +97,15 @@ __device__ __forceinline__ u32x4 load_weights16(const void* p) {
     else return load_stream16(p);
 }
 
-// Zero point z as the fp16x2 words that turn (1024 + q) and (1024 + 16q) into q - z.
+// Zero point z as the fp16x2 words that turn (1024 + q) and (1024 + 16q) into q - z; bf16:
+// -(128 + z) in both, for 128 + q.
 __device__ __forceinline__ void tc_zero_words(u32 z, u32& zlo, u32& zhi_neg) {
-    zlo = (0x6400u | z) * 0x00010001u;
-    zhi_neg = (0xD400u + (z << 4)) * 0x00010001u;
+    if constexpr (BF16) {
+        zlo = zhi_neg = (0xC300u | z) * 0x00010001u;
+    } else {
+        zlo = (0x6400u | z) * 0x00010001u;
+        zhi_neg = (0xD400u + (z << 4)) * 0x00010001u;
+    }
 }
 
 // The nibble masks live in constant memory: LOP3 reads one operand from there, so no register
@@ -93,6 +115,18 @@ __constant__ u32 TC_MASK[2] = {0x000F000Fu, 0x00F000F0u};
 // One 8-nibble word of rows g (qa) and g+8 (qb) against x pairs (x0,x4) (x1,x5) (x2,x6) (x3,x7).
 __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u32 za_hi, u32 zb_lo,
                                         u32 zb_hi, u32 x04, u32 x15, u32 x26, u32 x37) {
+    if constexpr (BF16) {
+        // Nibble pair i (k_i, k_i+4) as (128 + q) - (128 + z), exact in bf16.
+        u32 a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            a[i] = bf2_fma(((qa >> (4 * i)) & TC_MASK[0]) | MAGIC_128, BF2_ONES, za_lo);
+            b[i] = bf2_fma(((qb >> (4 * i)) & TC_MASK[0]) | MAGIC_128, BF2_ONES, zb_lo);
+        }
+        mma_16816_bf16(d, a[0], b[0], a[1], b[1], x04, x15);
+        mma_16816_bf16(d, a[2], b[2], a[3], b[3], x26, x37);
+        return;
+    }
     const u32 qa2 = qa >> 8, qb2 = qb >> 8, lo = TC_MASK[0], hi = TC_MASK[1];
     mma_16816(d, h2_sub((qa & lo) | MAGIC_1024, za_lo), h2_sub((qb & lo) | MAGIC_1024, zb_lo),
               h2_fma((qa & hi) | MAGIC_1024, SIXTEENTH, za_hi), h2_fma((qb & hi) | MAGIC_1024, SIXTEENTH, zb_hi),
@@ -136,12 +170,14 @@ __device__ __forceinline__ u32x4 tc_pair_x(u32x4 v) {
     return u32x4{prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632), prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632)};
 }
 
-// x of this lane's chunk c of a step, paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6)
-// (x3,x7), unmasked. Returns the mask tc_mask_pairs applies before x becomes B: all ones, or
+// x of this lane's chunk c of a step (token g's with several tokens; lanes past the last token
+// read it again, and their D columns are never stored), paired as the nibble words are:
+// (x0,x4) (x1,x5) (x2,x6) (x3,x7), unmasked. Returns the mask tc_mask_pairs applies before x becomes B: all ones, or
 // zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
 __device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRICT x, const u32x4* xs,
                                           int c, int g, int t) {
     const u32 keep = !DIAG || (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
+    if constexpr (M > 1) x += (long long)min(g, M - 1) * K;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const u32x4 v = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_cached16(x + 32 * min(c, CHUNKS - 1) + 8 * j);
@@ -165,8 +201,8 @@ __device__ __forceinline__ void tc_mask_pairs(u32 (&xp)[4][4], u32 keep) {
 }
 
 // One step of one 16-row tile: rows g and g+8, two mma steps per word pair, D scaled per group
-// into acc.
-__device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
+// into acc[row g, g+8][token 2t, 2t+1 (several tokens) or the one token].
+__device__ __forceinline__ void tc_tile(float (&acc)[2][MT], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
                                         const u8 (&zp)[2][ZE][SEGS], const u32 (&xp)[4][4], const float (&cs)[SEGS][4]) {
     if constexpr (RAW_A) {
 #pragma unroll
@@ -183,7 +219,7 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], 
 #pragma unroll
                 for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
                     const float z = SYMMETRIC ? 8.0f : (float)zp[h][e][seg];
-                    acc[h] += (d[2 * h + e] - fmaf(z, cs[seg][2 + e], cs[seg][e])) * h_to_f(sc[h][e][seg]);
+                    acc[h][0] += (d[2 * h + e] - fmaf(z, cs[seg][2 + e], cs[seg][e])) * scale_f(sc[h][e][seg]);
                 }
         }
         return;
@@ -201,11 +237,13 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], 
         }
         // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
         if constexpr (DIAG) {
-            acc[0] += d[0] * h_to_f(sc[0][0][seg]) + d[1] * h_to_f(sc[0][1][seg]);
-            acc[1] += d[2] * h_to_f(sc[1][0][seg]) + d[3] * h_to_f(sc[1][1][seg]);
+            acc[0][0] += d[0] * scale_f(sc[0][0][seg]) + d[1] * scale_f(sc[0][1][seg]);
+            acc[1][0] += d[2] * scale_f(sc[1][0][seg]) + d[3] * scale_f(sc[1][1][seg]);
         } else {
-            acc[0] += d[0] * h_to_f(sc[0][0][0]);
-            acc[1] += d[2] * h_to_f(sc[1][0][0]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < MT; ++e) acc[h][e] += d[2 * h + e] * scale_f(sc[h][0][0]);
         }
     }
 }
@@ -218,7 +256,7 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2], const u32 (&wq)[2][4], 
 // warp's loads stay in flight while it computes (same registers); else a batch's loads are all
 // issued, then all used. XSMEM: x staged in shared memory while the first batch is in flight.
 template <bool TAIL>
-__device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
+__device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
                                         long long row0, int ks, int g, int t, u32x4* xs) {
     long long rows[TW][2];
@@ -363,10 +401,11 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2], const u16* I4_RESTR
 }
 
 // The block's rows (ROWS_PER_BLOCK from row0) into y: the warps' K-split sums are added
-// through shared memory (`partial`, declared beside x so the streaming build's layout stays
-// as measured). KC > 1: each block of the cluster puts its sums into `cluster_part` of block
-// 0 (distributed shared memory), which adds them after the cluster barrier and stores y.
-__device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y, long long row0, int ks, int rank,
+// through shared memory (`partial`, row ks * M + m for warp ks and token m; declared beside x so
+// the streaming build's layout stays as measured). KC > 1: each block of the cluster puts its
+// sums into `cluster_part` of block 0 (distributed shared memory), which adds them after the
+// cluster barrier and stores y. With several tokens lane (g, t) holds tokens 2t and 2t + 1.
+__device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRICT y, long long row0, int ks, int rank,
                                          int g, int t, float (*partial)[ROWS_PER_BLOCK],
                                          float (*cluster_part)[ROWS_PER_BLOCK]) {
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
@@ -374,52 +413,54 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2], u16* I4_RESTRICT y
 #pragma unroll
         for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) acc[tw][h] += warp_xor(acc[tw][h], 1);
+            for (int h = 0; h < 2; ++h) acc[tw][h][0] += warp_xor(acc[tw][h][0], 1);
     }
-    if constexpr (KSPLIT == 1 && KC == 1) {
-        if (t == 0) {
+    // f(m, i, v) for the lane's sums: token m, block row i (one token: lanes t == 0 hold it).
+    auto each_sum = [&](auto&& f) {
 #pragma unroll
-            for (int tw = 0; tw < TW; ++tw)
+        for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const long long r = row0 + 16 * tw + 8 * h + g;
-                    if (r < N) y[r] = f_to_h(acc[tw][h]);
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < MT; ++e) {
+                    const int m = M > 1 ? 2 * t + e : 0;
+                    if (M > 1 ? m < M : t == 0) f(m, 16 * tw + 8 * h + g, acc[tw][h][e]);
                 }
-        }
+    };
+    if constexpr (KSPLIT == 1 && KC == 1) {
+        each_sum([&](int m, int i, float v) {
+            if (row0 + i < N) y[(long long)m * N + row0 + i] = out_h(v);
+        });
     } else {
-        if (t == 0) {
-#pragma unroll
-            for (int tw = 0; tw < TW; ++tw)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) partial[ks][16 * tw + 8 * h + g] = acc[tw][h];
-        }
+        each_sum([&](int m, int i, float v) { partial[ks * M + m][i] = v; });
         __syncthreads();
-        // f(i) for each of the block's rows i (threads over rows) that exists.
+        // f(m, i) for each token m and block row i that exists (threads over rows).
         auto each_row = [&](auto&& f) {
 #pragma unroll
-            for (int r = 0; r < (ROWS_PER_BLOCK + BS - 1) / BS; ++r) {
-                const int i = threadIdx.x + r * BS;
-                if (i < ROWS_PER_BLOCK && row0 + i < N) f(i);
+            for (int r = 0; r < (M * ROWS_PER_BLOCK + BS - 1) / BS; ++r) {
+                const int j = threadIdx.x + r * BS;
+                const int m = M > 1 ? j / ROWS_PER_BLOCK : 0, i = M > 1 ? j % ROWS_PER_BLOCK : j;
+                if (j < M * ROWS_PER_BLOCK && row0 + i < N) f(m, i);
             }
         };
         if constexpr (KC > 1) cluster_wait();  // block 0 has started: its shared memory may be written
-        each_row([&](int i) {
+        each_row([&](int m, int i) {
             float sum = 0.0f;
 #pragma unroll
-            for (int k = 0; k < KSPLIT; ++k) sum += partial[k][i];
+            for (int k = 0; k < KSPLIT; ++k) sum += partial[k * M + m][i];
             if constexpr (KC == 1)
-                y[row0 + i] = f_to_h(sum);
+                y[(long long)m * N + row0 + i] = out_h(sum);
             else
                 cluster_store(&cluster_part[rank][i], 0, sum);
         });
         if constexpr (KC > 1) {
             cluster_sync();  // every block's sums are in block 0
             if (rank == 0) {
-                each_row([&](int i) {
+                each_row([&](int m, int i) {
                     float sum = 0.0f;
 #pragma unroll
                     for (int c = 0; c < KC; ++c) sum += cluster_part[c][i];
-                    y[row0 + i] = f_to_h(sum);
+                    y[row0 + i] = out_h(sum);
                 });
             }
         }
@@ -457,14 +498,16 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     const int rank = KC > 1 ? blockIdx.x % KC : 0;
     const long long row0 = (long long)(blockIdx.x / KC) * ROWS_PER_BLOCK;
     __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
-    __shared__ float partial[KSPLIT > 1 ? KSPLIT : 1][ROWS_PER_BLOCK];
+    __shared__ float partial[KSPLIT > 1 ? KSPLIT * M : 1][ROWS_PER_BLOCK];
     // KC > 1: block 0's copy receives every block's sums (a one-element array otherwise).
     __shared__ float cluster_sums[KC > 1 ? KC * ROWS_PER_BLOCK : 1];
     float (*cluster_part)[ROWS_PER_BLOCK] = KC > 1 ? (float (*)[ROWS_PER_BLOCK])cluster_sums : nullptr;
     if constexpr (KC > 1) cluster_arrive_relaxed();  // this block has started (tc_store waits for all)
-    float acc[TW][2];
+    float acc[TW][2][MT];
 #pragma unroll
-    for (int tw = 0; tw < TW; ++tw) acc[tw][0] = acc[tw][1] = 0.0f;
+    for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+        for (int e = 0; e < MT; ++e) acc[tw][0][e] = acc[tw][1][e] = 0.0f;
     if constexpr (PREFETCH > 0) tc_prefetch(w, row0, rank * KSPLIT + ks, g, t);
     I4_GRID_WAIT();               // the previous kernel's writes (x) are visible after this
     if (N % ROWS_PER_BLOCK != 0 && blockIdx.x / KC == gridDim.x / KC - 1)
