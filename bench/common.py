@@ -14,6 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 L2_DEFEAT = 400 << 20  # bytes of distinct weights one graph replay walks
+# The peer suite's (N, K): Qwen2.5-0.5B, Llama-3.2-1B, Llama-3-8B (+ lm_head) and Phi-3-medium projections.
+SUITE = [(1152, 896), (896, 896), (9728, 896), (896, 4864), (3072, 2048), (2048, 2048), (16384, 2048),
+         (2048, 8192), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
+         (7680, 5120), (5120, 5120), (35840, 5120), (5120, 17920)]
 
 if str(ROOT) not in sys.path:  # run from a checkout: the int4jit beside bench/
     sys.path.insert(0, str(ROOT))
@@ -136,3 +140,44 @@ def write_section(title: str, body: str, path: Path = RESULTS_MD):
     else:
         text = text.rstrip() + "\n\n" + section
     path.write_text(text)
+
+
+# -- compiling ahead of measuring ---------------------------------------------------------------
+def _build_one(spec) -> str | None:
+    """Compile one spec into the code cache (in a worker process): None, or the error's first line."""
+    from int4jit import compiler
+    from int4jit.errors import Int4JitError
+    try:
+        compiler.build(spec)
+    except Int4JitError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def compile_all(specs: list, jobs: int):
+    """Compile what the code cache lacks in `jobs` processes, so that measure() finds every
+    build on disk (one that fails is measured as failed). Spawned, not forked: this process
+    holds a CUDA context."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm import tqdm
+
+    from int4jit import compiler
+    todo = [s for s in specs if not compiler.is_cached(s)]
+    failed = {}
+    t0 = time.perf_counter()
+    if todo:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_build_one, s): s for s in todo}
+            for f in tqdm(as_completed(futures), total=len(todo), desc="compile", unit="kernel", file=sys.stderr,
+                          disable=None):  # None: no bar where stderr is not a terminal
+                if f.result() is not None:
+                    failed[futures[f]] = f.result()
+    print(f"compiled {len(todo)} kernels in {time.perf_counter() - t0:.0f} s with {jobs} processes "
+          f"({len(specs) - len(todo)} were in the code cache; {len(failed)} failed, measured as failed)", flush=True)
+    for spec, error in list(failed.items())[:5]:
+        print(f"  {spec.shape.key()} {spec.label()}: {error}")
+
+

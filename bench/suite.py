@@ -22,14 +22,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (L2_DEFEAT, RESULTS_DIR, graph_time, copy_bandwidth, int4_bytes,  # noqa: E402
+from common import (L2_DEFEAT, RESULTS_DIR, SUITE, graph_time, copy_bandwidth, int4_bytes,  # noqa: E402
                     import_gemlite, gpu_or_exit, write_section)
 
 import int4jit  # noqa: E402
 
-SUITE = [(1152, 896), (896, 896), (9728, 896), (896, 4864), (3072, 2048), (2048, 2048), (16384, 2048),
-         (2048, 8192), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
-         (7680, 5120), (5120, 5120), (35840, 5120), (5120, 17920)]
 SECTION = "Peer suite"
 
 

@@ -36,21 +36,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS_DIR, RESULTS_MD, copy_bandwidth, gpu_or_exit, write_section  # noqa: E402
+from common import RESULTS_DIR, RESULTS_MD, compile_all, copy_bandwidth, gpu_or_exit, write_section  # noqa: E402
 
-from int4jit import __version__, compiler, plan, tuner  # noqa: E402
+from int4jit import __version__, plan, tuner  # noqa: E402
 from int4jit.env import env_lookup  # noqa: E402
-from int4jit.errors import Int4JitError  # noqa: E402
 from int4jit.shapes import GemvShape, candidate_grid  # noqa: E402
 from int4jit.spec import KernelSpec, default_variant, make_spec  # noqa: E402
 
@@ -190,36 +187,6 @@ def fmt(value: float | None, spec: str) -> str:
 
 
 # -- compiling and measuring (GPU) -------------------------------------------------------------
-def build_one(spec: KernelSpec) -> str | None:
-    """Compile one spec into the code cache (in a worker process): None, or the error's first line."""
-    try:
-        compiler.build(spec)
-    except Int4JitError as e:
-        return str(e).splitlines()[0]
-    return None
-
-
-def compile_all(specs: list[KernelSpec], jobs: int):
-    """Compile what the code cache lacks in `jobs` processes, so that measure() finds every
-    build on disk (one that fails is measured as failed). Spawned, not forked: this process
-    holds a CUDA context."""
-    from tqdm import tqdm
-    todo = [s for s in specs if not compiler.is_cached(s)]
-    failed = {}
-    t0 = time.perf_counter()
-    if todo:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(build_one, s): s for s in todo}
-            for f in tqdm(as_completed(futures), total=len(todo), desc="compile", unit="kernel", file=sys.stderr,
-                          disable=None):  # None: no bar where stderr is not a terminal
-                if f.result() is not None:
-                    failed[futures[f]] = f.result()
-    print(f"compiled {len(todo)} kernels in {time.perf_counter() - t0:.0f} s with {jobs} processes "
-          f"({len(specs) - len(todo)} were in the code cache; {len(failed)} failed, measured as failed)", flush=True)
-    for spec, error in list(failed.items())[:5]:
-        print(f"  {spec.shape.key()} {spec.label()}: {error}")
-
-
 def device_facts(device) -> dict:
     """What the tuner's search reads of a device, for --from-json's stand-in."""
     return {k: getattr(device, k) for k in ("name", "arch", "sm_count", "max_threads_per_sm", "regs_per_sm",
