@@ -177,7 +177,7 @@ def test_mismatched_device_mix_rejected_before_launch():
 
 
 VARIANTS = ["", "streaming=1", "streaming=1,raw_a=1", "kcluster=2", "one_wave=1", "loads=8", "prefetch=0",
-            "prefetch=2", "streaming=1,kcluster=2,loads=8"]
+            "prefetch=2", "streaming=1,kcluster=2,loads=8", "early=1", "early=1,raw_a=1,loads=8"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -314,9 +314,16 @@ def test_large_problems(N, K, group):
     assert rel_error(y, chunked_reference(x, w, s, z, rows=8192)) <= TOL
 
 
-def test_chain_of_pdl_launches_equals_per_call_results():
-    """A decode-like chain in one graph (each GEMV's x is the previous one's y, PDL between them,
-    weights prefetched before the wait) gives exactly the per-call results."""
+CHAIN_CONFIGS = ["", "*=256,2,early=1", "*=128,4,early=1,prefetch=1", "*=512,4,early=1,loads=8"]
+
+
+@pytest.mark.parametrize("config", CHAIN_CONFIGS)
+def test_chain_of_pdl_launches_equals_per_call_results(config, monkeypatch):
+    """A decode-like chain in one graph (each GEMV's x is the previous one's y, PDL between them;
+    weights prefetched or loaded before the wait where the variant says) gives exactly the
+    per-call results."""
+    if config:
+        monkeypatch.setenv("INT4JIT_CONFIG", config)
     t = _torch()
     rng = np.random.default_rng()
     dims = [4096, 6144, 4096, 14336, 4096, 2048, 4096]  # y of one layer is x of the next
@@ -350,6 +357,41 @@ def test_chain_of_pdl_launches_equals_per_call_results():
     t.cuda.synchronize()
     for o, e in zip(outs, expected):
         assert t.equal(o, e)
+
+
+@pytest.mark.parametrize("config", CHAIN_CONFIGS)
+def test_pdl_chain_through_two_buffers(config, monkeypatch):
+    """The chain through two ping-pong buffers, after a torch copy writes x: each GEMV overwrites
+    the buffer its predecessor read (a write after read across the PDL overlap) and reads what its
+    predecessor wrote. The graph's last output equals the per-call chain's, bit for bit."""
+    if config:
+        monkeypatch.setenv("INT4JIT_CONFIG", config)
+    t = _torch()
+    rng = np.random.default_rng()
+    dims = [4096, 14336, 4096, 6144, 4096, 4096, 2048, 4096]
+    layers = [tuple(None if a is None else t.from_numpy(a).cuda() for a in random_problem(rng, N, K, 128, False)[1:])
+              for K, N in zip(dims[:-1], dims[1:])]
+    x0 = t.from_numpy(rng.standard_normal(dims[0]).astype(np.float16) * 0.1).cuda()
+    bufs = [t.empty(max(dims), dtype=t.float16, device="cuda") for _ in range(2)]
+
+    def chain(sync=False):
+        bufs[0][:dims[0]].copy_(x0)
+        for i, ((w, s, z), K, N) in enumerate(zip(layers, dims[:-1], dims[1:])):
+            int4jit.gemv(bufs[i % 2][:K], w, s, z, out=bufs[(i + 1) % 2][:N])
+            if sync:  # one call at a time: nothing overlaps
+                t.cuda.synchronize()
+        return bufs[len(layers) % 2][:dims[-1]]
+    expected = chain(sync=True).clone()
+    t.cuda.synchronize()
+    assert t.isfinite(expected).all()
+    g = t.cuda.CUDAGraph()
+    with t.cuda.graph(g, stream=t.cuda.Stream()):
+        chain()
+    for b in bufs:
+        b.fill_(float("nan"))
+    g.replay()
+    t.cuda.synchronize()
+    assert t.equal(bufs[len(layers) % 2][:dims[-1]], expected)
 
 
 def test_gemv_weights_new_tensors_every_call():
