@@ -68,7 +68,11 @@ def main():
     groups = [int(g) for g in args.groups.split(",")]
     dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
     compile_all(specs_to_compile(shapes, groups, tokens, list(dtypes)), args.jobs)
-    rows = []
+    date = datetime.date.today().isoformat()
+    doc = {"date": date, "device": torch.cuda.get_device_name(), "tokens": tokens, "groups": groups,
+           "int4jit": int4jit.__version__, "rows": []}
+    rows = doc["rows"]
+    json_path = RESULTS_DIR / f"tokens-{date}.json"
     print("| N×K | g | dtype | " + " | ".join(f"M={m} µs" for m in tokens) + " | bf16/fp16 M=1 | M=8 / M=1 fp16 | kernels | worst rel err |")
     for (N, K) in shapes:
         for G in groups:
@@ -98,10 +102,7 @@ def main():
                       f"{max(row['rel_err'].values()):.1e} |", flush=True)
             del sets
             torch.cuda.empty_cache()
-    date = datetime.date.today().isoformat()
-    doc = {"date": date, "device": torch.cuda.get_device_name(), "tokens": tokens, "groups": groups,
-           "int4jit": int4jit.__version__, "rows": rows}
-    (RESULTS_DIR / f"tokens-{date}.json").write_text(json.dumps(doc, indent=1))
+            json_path.write_text(json.dumps(doc, indent=1))  # after every shape: a cut-short run keeps them
     if args.shapes is None and args.tokens == "1,8" and args.groups == "128,32":
         write_section(SECTION, markdown(doc))
 
