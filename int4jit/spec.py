@@ -1,8 +1,8 @@
 """What one kernel launch is, as one frozen value: the KernelSpec.
 
 A spec names the kernel (`simt`: templates/gemv.hip, any target, one fp16 token; `tc`:
-templates/gemv_tc.hip, NVIDIA tensor cores, one token or up to 8 with groups >= 128, fp16 or
-bf16; `tc_batch`: templates/gemv_tc_batch.hip, the other cases up to 16 tokens), its launch
+templates/gemv_tc.hip, NVIDIA tensor cores, 1..8 tokens in fp16 or bf16; `tc_batch`:
+templates/gemv_tc_batch.hip, 9..16 tokens), its launch
 geometry (BS, TN), its variant record (the tc kernel's searchable knobs), and everything derived from them: template parameters, grid, block, whether
 the launch uses programmatic dependent launch (pdl). Rendering, compiling, loading, launching
 and every cache key read the spec; nothing is derived twice. Pure functions, no I/O.
@@ -160,7 +160,7 @@ def _next_pow2(n: int) -> int:
 TC_MIN_ROWS = 2048
 
 
-# Tokens the tc kernel serves in one launch (groups >= 128: its D columns are tokens).
+# Tokens the tc kernel serves in one launch: its D columns are the tokens (one mma column block).
 TC_MAX_TOKENS = 8
 
 
@@ -169,9 +169,8 @@ def tc_possible(shape: GemvShape, tensor_cores: bool) -> bool:
 
 
 def tc_serves(shape: GemvShape) -> bool:
-    """Whether gemv_tc.hip takes the shape: one token (fp16 or bf16), or up to TC_MAX_TOKENS with
-    groups of 128 and more (below 128 its diagonal trick spends the D columns on chunks)."""
-    return shape.M == 1 or (shape.M <= TC_MAX_TOKENS and shape.group >= 128)
+    """Whether gemv_tc.hip takes the shape: up to TC_MAX_TOKENS tokens, fp16 or bf16."""
+    return shape.M <= TC_MAX_TOKENS
 
 
 def choose_kernel(shape: GemvShape, tensor_cores: bool, requested: str = "auto") -> str:

@@ -100,7 +100,8 @@ SPECS = [
     ("tc", GemvShape(4096, 4096, 128, False, 8), LaunchConfig(128, 4), None),                       # 8 tokens
     ("tc", GemvShape(28672, 4096, 128, True, 3, "bfloat16"), LaunchConfig(256, 4), Variant(streaming=True, prefetch=1)),
     ("tc", GemvShape(4097, 4160, 32, False, 1, "bfloat16", "bfloat16"), LaunchConfig(128, 4), Variant(kcluster=2)),
-    ("tc_batch", GemvShape(4096, 4096, 32, False, 8), LaunchConfig(128, 4), None),                  # 8 tokens, g32
+    ("tc", GemvShape(4096, 4160, 32, False, 8), LaunchConfig(128, 4), None),                        # scaled A, partial step
+    ("tc_batch", GemvShape(4096, 4096, 32, False, 12), LaunchConfig(128, 4), None),                 # 12 tokens
     ("tc_batch", GemvShape(4097, 4160, 16, True, 16, "bfloat16", "bfloat16"), LaunchConfig(512, 2), None),
 ]
 

@@ -1,7 +1,6 @@
 // INT4 weight-only GEMV on tensor cores (NVIDIA sm_80+, mma.sync m16n8k16 f16/bf16 -> f32).
 //   y[m,n] = sum_k x[m,k] * (q[n,k] - z[n,k/g]) * s[n,k/g]     exact products, fp32 sums
-// One token (M = 1) at any group size, or up to 8 tokens with groups of 128 and more; x and y in
-// fp16 or bf16 (BF16), scales in either (SCALE_BF16).
+// 1..8 tokens (M), x and y in fp16 or bf16 (BF16), scales in either (SCALE_BF16).
 // Layout (ONNX Runtime MatMulNBits): w uint8 [N, K/2], low nibble = even k; scales [N, K/g];
 // zeros uint8 [N, K/g] (absent when symmetric: zero point 8); x [M, K]; y [M, N]. K % 32 == 0.
 //
@@ -18,6 +17,9 @@
 //                 step (one group) for token m -> scale once.
 //   GROUP <  128: only lane (g == t), so D column n holds chunk n alone (the diagonal trick)
 //                 and each chunk (or half chunk, GROUP 16) is scaled on its own. One token.
+//   SCALED (GROUP < 128, several tokens): every lane, and A = (q - z) * s rounded once to the
+//                 activation type (~2^-11 relative a weight in fp16, 2^-8 in bf16), so D column m
+//                 is token m's sum over K with no scaling after the mma.
 //
 // STREAMING (the variant field `streaming`): each load slot is refilled with the next batch's data
 // as soon as its mma steps are issued, so loads stay in flight while the warp computes; x is
@@ -58,7 +60,9 @@ constexpr bool XWARP = XSMEM && !RAW_A;  // each warp stages its own steps' x, b
 constexpr int PREFETCH = ${PREFETCH};    // batches of weights asked into L2 before the grid-dependency wait
 constexpr bool EARLY = ${EARLY};         // first weights loaded before the wait; dependents launched at start
 // On the diagonal with whole steps, a lane's two chunks' scales of a row are adjacent: one load.
-constexpr bool WIDE_SCALES = GROUP < 128 && K % 128 == 0;
+constexpr bool DIAG = GROUP < 128 && M == 1;
+constexpr bool SCALED = GROUP < 128 && M > 1;
+constexpr bool WIDE_SCALES = DIAG && K % 128 == 0;
 static_assert(!XSMEM || STREAMING, "x is staged in shared memory on streaming builds only");
 static_assert(!EARLY || STREAMING, "early loads are the streaming build's first batch");
 constexpr int BS = 32 * KSPLIT;
@@ -69,7 +73,6 @@ constexpr int WARP_STEPS = (STEPS + KSPLIT_ALL - 1) / KSPLIT_ALL;
 constexpr int STEP_STRIDE = CONTIG ? 1 : KSPLIT_ALL;  // between a warp's consecutive steps
 constexpr int NG = K / GROUP;
 constexpr long long ROW_BYTES = K / 2;
-constexpr bool DIAG = GROUP < 128;
 constexpr int SEGS = GROUP == 16 ? 2 : 1;          // groups per chunk
 constexpr int SEG_WORDS = 4 / SEGS;                // 8-element words per group segment
 constexpr u32 MAGIC_1024 = 0x64006400u;            // fp16 1024.0 in both halves
@@ -84,14 +87,23 @@ constexpr int MT = M > 1 ? 2 : 1;                  // tokens a lane folds (D col
 static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
 static_assert(KC == 1 || __CUDA_ARCH__ >= 900, "a K split over the blocks of a cluster needs sm_90");
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
-static_assert(DIAG || K % 128 == 0, "GROUP >= 128 implies whole steps");
-static_assert(M >= 1 && M <= 8 && (M == 1 || !DIAG), "several tokens (up to 8) need GROUP >= 128");
+static_assert(GROUP < 128 || K % 128 == 0, "GROUP >= 128 implies whole steps");
+static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
 static_assert(!RAW_A || (M == 1 && !BF16), "raw_a is one fp16 token's");
 static_assert((!XSMEM && KC == 1) || M == 1, "x staging and cluster K splits are one token's");
 
 // A scale as fp32, and fp32 as the output type.
 __device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
 __device__ __forceinline__ u16 out_h(float f) { return BF16 ? f_to_bf16(f) : f_to_h(f); }
+// SCALED: a scale in the activation type, in both halves; an A pair (q - z) times it.
+__device__ __forceinline__ u32 scale_pair(u16 s) {
+    if constexpr (SCALE_BF16 == BF16) return s * 0x00010001u;
+    return (BF16 ? f_to_bf16(scale_f(s)) : f_to_h(scale_f(s))) * 0x00010001u;
+}
+__device__ __forceinline__ u32 tc_scale(u32 a, u32 s2) {
+    if constexpr (!SCALED) return a;
+    return BF16 ? bf2_fma(a, s2, 0x80008000u) : h2_fma(a, s2, 0x80008000u);
+}
 
 // Weights; streaming builds add a 256-byte L2 fetch hint (a miss brings the neighbouring sectors).
 __device__ __forceinline__ u32x4 load_weights16(const void* p) {
@@ -116,26 +128,26 @@ __constant__ u32 TC_MASK[2] = {0x000F000Fu, 0x00F000F0u};
 
 // One 8-nibble word of rows g (qa) and g+8 (qb) against x pairs (x0,x4) (x1,x5) (x2,x6) (x3,x7).
 __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u32 za_hi, u32 zb_lo,
-                                        u32 zb_hi, u32 x04, u32 x15, u32 x26, u32 x37) {
+                                        u32 zb_hi, u32 x04, u32 x15, u32 x26, u32 x37, u32 sa2 = 0, u32 sb2 = 0) {
     if constexpr (BF16) {
         // Nibble pair i (k_i, k_i+4) as (128 + q) - (128 + z), exact in bf16.
         u32 a[4], b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            a[i] = bf2_fma(((qa >> (4 * i)) & TC_MASK[0]) | MAGIC_128, BF2_ONES, za_lo);
-            b[i] = bf2_fma(((qb >> (4 * i)) & TC_MASK[0]) | MAGIC_128, BF2_ONES, zb_lo);
+            a[i] = tc_scale(bf2_fma(((qa >> (4 * i)) & TC_MASK[0]) | MAGIC_128, BF2_ONES, za_lo), sa2);
+            b[i] = tc_scale(bf2_fma(((qb >> (4 * i)) & TC_MASK[0]) | MAGIC_128, BF2_ONES, zb_lo), sb2);
         }
         mma_16816_bf16(d, a[0], b[0], a[1], b[1], x04, x15);
         mma_16816_bf16(d, a[2], b[2], a[3], b[3], x26, x37);
         return;
     }
     const u32 qa2 = qa >> 8, qb2 = qb >> 8, lo = TC_MASK[0], hi = TC_MASK[1];
-    mma_16816(d, h2_sub((qa & lo) | MAGIC_1024, za_lo), h2_sub((qb & lo) | MAGIC_1024, zb_lo),
-              h2_fma((qa & hi) | MAGIC_1024, SIXTEENTH, za_hi), h2_fma((qb & hi) | MAGIC_1024, SIXTEENTH, zb_hi),
-              x04, x15);
-    mma_16816(d, h2_sub((qa2 & lo) | MAGIC_1024, za_lo), h2_sub((qb2 & lo) | MAGIC_1024, zb_lo),
-              h2_fma((qa2 & hi) | MAGIC_1024, SIXTEENTH, za_hi), h2_fma((qb2 & hi) | MAGIC_1024, SIXTEENTH, zb_hi),
-              x26, x37);
+    mma_16816(d, tc_scale(h2_sub((qa & lo) | MAGIC_1024, za_lo), sa2), tc_scale(h2_sub((qb & lo) | MAGIC_1024, zb_lo), sb2),
+              tc_scale(h2_fma((qa & hi) | MAGIC_1024, SIXTEENTH, za_hi), sa2),
+              tc_scale(h2_fma((qb & hi) | MAGIC_1024, SIXTEENTH, zb_hi), sb2), x04, x15);
+    mma_16816(d, tc_scale(h2_sub((qa2 & lo) | MAGIC_1024, za_lo), sa2), tc_scale(h2_sub((qb2 & lo) | MAGIC_1024, zb_lo), sb2),
+              tc_scale(h2_fma((qa2 & hi) | MAGIC_1024, SIXTEENTH, za_hi), sa2),
+              tc_scale(h2_fma((qb2 & hi) | MAGIC_1024, SIXTEENTH, zb_hi), sb2), x26, x37);
 }
 
 // RAW_A: the same word with A = (1024 + q) on even k and (64 + q) on odd k, one LOP3 per pair.
@@ -178,7 +190,7 @@ __device__ __forceinline__ u32x4 tc_pair_x(u32x4 v) {
 // zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
 __device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRICT x, const u32x4* xs,
                                           int c, int g, int t) {
-    const u32 keep = !DIAG || (c < CHUNKS && g == t) ? 0xFFFFFFFFu : 0u;
+    const u32 keep = DIAG ? (c < CHUNKS && g == t ? 0xFFFFFFFFu : 0u) : !SCALED || c < CHUNKS ? 0xFFFFFFFFu : 0u;
     if constexpr (M > 1) x += (long long)min(g, M - 1) * K;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -194,7 +206,7 @@ __device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRIC
 }
 
 __device__ __forceinline__ void tc_mask_pairs(u32 (&xp)[4][4], u32 keep) {
-    if constexpr (DIAG) {
+    if constexpr (DIAG || SCALED) {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -232,13 +244,19 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2][MT], const u32 (&wq)[2][
         tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][0][seg], za_lo, za_hi);
         tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][0][seg], zb_lo, zb_hi);
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const u32 sa2 = SCALED ? scale_pair(sc[0][0][seg]) : 0u, sb2 = SCALED ? scale_pair(sc[1][0][seg]) : 0u;
 #pragma unroll
         for (int jj = 0; jj < SEG_WORDS; ++jj) {
             const int j = seg * SEG_WORDS + jj;
-            tc_word(d, wq[0][j], wq[1][j], za_lo, za_hi, zb_lo, zb_hi, xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
+            tc_word(d, wq[0][j], wq[1][j], za_lo, za_hi, zb_lo, zb_hi, xp[j][0], xp[j][1], xp[j][2], xp[j][3], sa2, sb2);
         }
         // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
-        if constexpr (DIAG) {
+        if constexpr (SCALED) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < MT; ++e) acc[h][e] += d[2 * h + e];
+        } else if constexpr (DIAG) {
             acc[0][0] += d[0] * scale_f(sc[0][0][seg]) + d[1] * scale_f(sc[0][1][seg]);
             acc[1][0] += d[2] * scale_f(sc[1][0][seg]) + d[3] * scale_f(sc[1][1][seg]);
         } else {
@@ -273,8 +291,8 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
     const u16* sbase = scales + rows[0][0] * NG;
     const u8* zbase = zeros + rows[0][0] * NG;
     auto row_off = [&](int tw, int h) { return TAIL ? rows[tw][h] - rows[0][0] : 16 * tw + 8 * h; };
-    // The chunk whose scales a lane applies to D: its own (GROUP >= 128: all four share the
-    // group) or, on the diagonal, chunks 2t and 2t+1 of the step (lanes t >= 2 hold zeros).
+    // The chunk whose scales a lane applies to D (or SCALED, to A): its own (GROUP >= 128: all
+    // four share the group) or, on the diagonal, chunks 2t and 2t+1 of the step (lanes t >= 2 hold zeros).
     const int fold_chunk = DIAG ? 2 * (t & 1) : t;
 
     const int s_begin = CONTIG ? ks * WARP_STEPS : ks;
