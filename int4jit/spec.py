@@ -249,9 +249,9 @@ def arch_number(arch: str) -> int:
 
 def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant, pdl: bool = True) -> Variant:
     """The variant as it will be built: fields that cannot apply are reset (raw_a needs
-    streaming and one fp16 token; kcluster needs sm_90, one token and K of two steps or more;
+    streaming and one token; kcluster needs sm_90, one token and K of two steps or more;
     prefetch and early need PDL on sm_90; early streams)."""
-    if v.raw_a and (not v.streaming or not shape.plain):
+    if v.raw_a and (not v.streaming or shape.M > 1):
         v = replace(v, raw_a=False)
     if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster or shape.M > 1):
         v = replace(v, kcluster=1)

@@ -122,7 +122,7 @@ def shipped_table(path: Path = TABLE_PATH) -> dict:
 def table_entry(shape: GemvShape, arch: str, kernel: str) -> tuple[Override, str] | None:
     """(row, its key) of the shipped table (measured under the default kernel choice) for
     (arch, shape). One bf16 token on the tc kernel takes the fp16 row of its (N, K, group): the
-    same loads and steps, bf16 in place of fp16 arithmetic (its variant is normalised: no raw_a)."""
+    same loads and steps, bf16 in place of fp16 arithmetic."""
     rows = shipped_table().get(arch, {})
     key = shape.key()
     if key not in rows and kernel == "tc" and shape.M == 1 and shape.N >= TC_MIN_ROWS:

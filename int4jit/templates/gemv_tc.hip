@@ -89,7 +89,7 @@ static_assert(KC == 1 || __CUDA_ARCH__ >= 900, "a K split over the blocks of a c
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
 static_assert(GROUP < 128 || K % 128 == 0, "GROUP >= 128 implies whole steps");
 static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
-static_assert(!RAW_A || (M == 1 && !BF16), "raw_a is one fp16 token's");
+static_assert(!RAW_A || M == 1, "raw_a is one token's");
 static_assert((!XSMEM && KC == 1) || M == 1, "x staging and cluster K splits are one token's");
 
 // A scale as fp32, and fp32 as the output type.
@@ -150,8 +150,20 @@ __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u
               tc_scale(h2_fma((qb2 & hi) | MAGIC_1024, SIXTEENTH, zb_hi), sb2), x26, x37);
 }
 
-// RAW_A: the same word with A = (1024 + q) on even k and (64 + q) on odd k, one LOP3 per pair.
+// RAW_A: the same word with A = (1024 + q) on even k and (64 + q) on odd k, one LOP3 per pair
+// (bf16: 128 + q on both, the nibble shifted down first).
 __device__ __forceinline__ void tc_word_raw(float d[4], u32 qa, u32 qb, u32 x04, u32 x15, u32 x26, u32 x37) {
+    if constexpr (BF16) {
+        u32 a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            a[i] = ((qa >> (4 * i)) & TC_MASK[0]) | MAGIC_128;
+            b[i] = ((qb >> (4 * i)) & TC_MASK[0]) | MAGIC_128;
+        }
+        mma_16816_bf16(d, a[0], b[0], a[1], b[1], x04, x15);
+        mma_16816_bf16(d, a[2], b[2], a[3], b[3], x26, x37);
+        return;
+    }
     const u32 qa2 = qa >> 8, qb2 = qb >> 8, lo = TC_MASK[0], hi = TC_MASK[1];
     mma_16816(d, (qa & lo) | MAGIC_1024, (qb & lo) | MAGIC_1024, (qa & hi) | MAGIC_64, (qb & hi) | MAGIC_64, x04, x15);
     mma_16816(d, (qa2 & lo) | MAGIC_1024, (qb2 & lo) | MAGIC_1024, (qa2 & hi) | MAGIC_64, (qb2 & hi) | MAGIC_64, x26, x37);
@@ -160,20 +172,22 @@ __device__ __forceinline__ void tc_word_raw(float d[4], u32 qa, u32 qb, u32 x04,
 // RAW_A: the offsets of a step, shared by every row, from one mma per word with the lane's x
 // (unmasked) as A — even-k pairs on rows g, odd-k pairs on rows g+8 — and B = ones where the
 // lane's chunk counts (all, or its diagonal column). Sums E (even k) and O (odd k) of the
-// lane's D columns become C = 1024 E + 64 O in cs[seg][0..1] and S = E + O in cs[seg][2..3].
+// lane's D columns become C = 1024 E + 64 O (bf16: 128 (E + O)) in cs[seg][0..1] and S = E + O
+// in cs[seg][2..3].
 __device__ __forceinline__ void tc_offsets(float (&cs)[SEGS][4], const u32 (&xp)[4][4], u32 keep) {
-    const u32 ones = H2_ONES & keep;
+    const u32 ones = (BF16 ? BF2_ONES : H2_ONES) & keep;
 #pragma unroll
     for (int seg = 0; seg < SEGS; ++seg) {
         float eo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int jj = 0; jj < SEG_WORDS; ++jj) {
             const int j = seg * SEG_WORDS + jj;
-            mma_16816(eo, xp[j][0], xp[j][1], xp[j][2], xp[j][3], ones, ones);
+            if constexpr (BF16) mma_16816_bf16(eo, xp[j][0], xp[j][1], xp[j][2], xp[j][3], ones, ones);
+            else mma_16816(eo, xp[j][0], xp[j][1], xp[j][2], xp[j][3], ones, ones);
         }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            cs[seg][e] = fmaf(1024.0f, eo[e], 64.0f * eo[2 + e]);
+            cs[seg][e] = BF16 ? 128.0f * (eo[e] + eo[2 + e]) : fmaf(1024.0f, eo[e], 64.0f * eo[2 + e]);
             cs[seg][2 + e] = eo[e] + eo[2 + e];
         }
     }
