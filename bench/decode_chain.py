@@ -3,7 +3,8 @@
 Per model and group, every projection of every layer plus lm_head (Llama-3-8B: 32 x [QKV
 6144x4096, O 4096x4096, gate_up 28672x4096, down 4096x14336] + lm_head 128256x4096 = 129
 GEMVs, 3.9 GB at g=128) with distinct random weights per layer, made on the GPU, captured
-in one graph through the public API (torch tensors, `int4jit.gemv(x, w, s, z, out=y)`).
+in one graph through the public API (torch tensors: `int4jit.GemvWeights(w, s, z)(x, out=y)`,
+as Int4Linear runs, and `int4jit.gemv(x, w, s, z, out=y)`).
 Each GEMV's x is a prefix view of the previous GEMV's output (the attention and the
 activation function are left out: it is the chain of launches and its data dependency that
 matter); a fixed input buffer where the previous output is shorter than K.
@@ -11,7 +12,8 @@ matter); a fixed input buffer where the previous output is shorter than K.
 Reported per model, group and system: µs per token (graph replay after a warm-up, median of
 5 runs of several replays), the floor (int4 bytes / copy bandwidth, the copy bandwidth
 measured in this run as bench/suite.py does: 2 * bytes / time of a 2 GiB device copy) and %
-of copy bandwidth = floor / time. Systems, one after the other in this process: int4jit,
+of copy bandwidth = floor / time. Systems, one after the other in this process: int4jit (each
+GEMV an int4jit.GemvWeights, as Int4Linear runs it), int4jit-gemv (int4jit.gemv on the tensors),
 torch tinygemm (_weight_int4pack_mm, bf16) and gemlite A16W4 (fp16) where they import; a
 peer that fails is recorded with its error and skipped. And stream-read, not a GEMV: one kernel a
 GEMV that only reads that GEMV's bytes, the bound for any chain of one kernel per GEMV.
@@ -51,7 +53,7 @@ MODELS = {
     "llama2-7b": dict(name="Llama-2-7B", hidden=4096, inter=11008, layers=32, qkv=12288, vocab=32000),
     "qwen2.5-7b": dict(name="Qwen2.5-7B", hidden=3584, inter=18944, layers=28, qkv=4608, vocab=152064),
 }
-SYSTEMS = ("int4jit", "tinygemm", "gemlite", "stream-read")
+SYSTEMS = ("int4jit", "int4jit-gemv", "tinygemm", "gemlite", "stream-read")
 SECTION = "Decode chain"
 
 
@@ -80,8 +82,10 @@ def unit_scale(K: int, sym: bool) -> float:
 
 # --- the chains --------------------------------------------------------------------------
 
-def int4jit_chain(torch, shapes, G, sym):
-    """(ops, records): one int4jit.gemv per shape, x a prefix view of the previous output."""
+def int4jit_chain(torch, shapes, G, sym, layers=True):
+    """(ops, records): one call per shape, x a prefix view of the previous output. layers: each
+    GEMV an int4jit.GemvWeights (what Int4Linear runs: fixed weights, so with PDL a call loads its
+    first weights before waiting for the previous one); else int4jit.gemv on the tensors."""
     import int4jit
     x0 = torch.randn(max(K for _, _, K in shapes), device="cuda", dtype=torch.float16)
     prev, ops, recs = x0, [], []
@@ -91,8 +95,12 @@ def int4jit_chain(torch, shapes, G, sym):
         z = None if sym else torch.randint(0, 16, (N, K // G), device="cuda", dtype=torch.uint8)
         y = torch.empty(N, device="cuda", dtype=torch.float16)
         x = prev[:K] if prev.numel() >= K else x0[:K]
-        ops.append(lambda x=x, w=w, s=s, z=z, y=y: int4jit.gemv(x, w, s, z, out=y))
-        recs.append(dict(proj=proj, x=x, w=w, s=s, z=z, y=y))
+        if layers:
+            call = lambda x, out, layer=int4jit.GemvWeights(w, s, z): layer(x, out=out)
+        else:
+            call = lambda x, out, w=w, s=s, z=z: int4jit.gemv(x, w, s, z, out=out)
+        ops.append(lambda x=x, y=y, call=call: call(x, y))
+        recs.append(dict(proj=proj, x=x, w=w, s=s, z=z, y=y, call=call))
         prev = y
     return ops, recs
 
@@ -181,19 +189,20 @@ def stream_read_chain(torch, shapes, G, sym):
     return [run], bufs
 
 
-BUILDERS = {"int4jit": int4jit_chain, "tinygemm": tinygemm_chain, "gemlite": gemlite_chain,
-            "stream-read": stream_read_chain}
+BUILDERS = {"int4jit": int4jit_chain, "int4jit-gemv": lambda *a: int4jit_chain(*a, layers=False),
+            "tinygemm": tinygemm_chain, "gemlite": gemlite_chain, "stream-read": stream_read_chain}
 
 
 def check_int4jit(torch, recs) -> dict:
-    """The graph's outputs against each GEMV run once eagerly on the same inputs, and the
-    first O projection against the float64 reference on the CPU."""
+    """The graph's outputs against each GEMV called once eagerly (the same call, one at a time) on
+    the same inputs, and the first O projection against the float64 reference on the CPU."""
     import numpy as np
     import int4jit
     torch.cuda.synchronize()
     exact, worst, finite = 0, 0.0, True
     for r in recs:
-        y = int4jit.gemv(r["x"], r["w"], r["s"], r["z"], out=torch.empty_like(r["y"]))
+        y = r["call"](r["x"], torch.empty_like(r["y"]))
+        torch.cuda.synchronize()
         g = r["y"].float()
         finite &= bool(torch.isfinite(g).all())
         exact += bool(torch.equal(y, r["y"]))
@@ -216,7 +225,7 @@ def measure(torch, system, shapes, G, sym, reps) -> dict:
     warm = time.perf_counter() - t0 - built
     us = replay_time(g, reps)
     res = dict(us_per_token=us, build_s=round(built, 2), warmup_capture_s=round(warm, 2))
-    if system == "int4jit":
+    if system.startswith("int4jit"):
         res["check"] = check_int4jit(torch, keep)
     del g, ops, keep
     torch.cuda.synchronize()
@@ -260,9 +269,9 @@ def markdown(doc) -> str:
     lines = [f"{doc['device']}, {doc['date']}, copy {bw / 1e12:.2f} TB/s; one decode step's GEMVs in one "
              f"CUDA graph, µs per token (median of 5), % = floor / time "
              f"(`python3 bench/decode_chain.py{' --quick' if doc['quick'] else ''}`)", "",
-             "| model | group | GEMVs | int4 GB | floor µs | int4jit µs | % copy | tinygemm µs | % | gemlite µs | % "
-             "| stream-read µs | % | chain = per-call |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | group | GEMVs | int4 GB | floor µs | " + " | ".join(f"{s} µs | %" for s in SYSTEMS)
+             + " | chain = per-call |",
+             "|---|---|---|---|---|" + "---|---|" * len(SYSTEMS) + "---|"]
     for r in doc["rows"]:
         cells = []
         for s in SYSTEMS:
@@ -394,7 +403,8 @@ def main():
         write_section(SECTION, markdown(doc), md)
         print(f"wrote the '{SECTION}' section of {md}")
     print(markdown(doc))
-    failed = [r["model"] for r in doc["rows"] if not r.get("int4jit", {}).get("check", {}).get("ok", True)]
+    failed = [r["model"] for r in doc["rows"] for s in ("int4jit", "int4jit-gemv")
+              if not r.get(s, {}).get("check", {}).get("ok", True)]
     if failed:
         sys.exit(f"chain != per-call results or reference on: {failed}")
 

@@ -51,7 +51,8 @@ class Variant:
     prefetch   batches of weights asked into L2 before waiting for the previous kernel (0-2)
     early      PDL chains: the next kernel may launch at this one's start, and the first batch of
                weights is loaded before waiting for the previous kernel (x after it); implies
-               streaming. The weights must not be written by the kernel just before on the stream.
+               streaming. Not searched: the plan sets it for fixed weights (GemvWeights,
+               Int4Linear) at g >= 128, and an override may name it.
     """
     streaming: bool = False
     raw_a: bool = False
@@ -239,7 +240,6 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
             add(replace(base, kcluster=2))
         if base.streaming:
             add(replace(base, raw_a=not base.raw_a))
-        add(replace(base, early=True))
     return out
 
 
