@@ -58,13 +58,11 @@ constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets c
 constexpr bool XPERM = XSMEM;            // staged x is already paired for B
 constexpr bool XWARP = XSMEM && !RAW_A;  // each warp stages its own steps' x, before its weights
 constexpr int PREFETCH = ${PREFETCH};    // batches of weights asked into L2 before the grid-dependency wait
-constexpr bool EARLY = ${EARLY};         // first weights loaded before the wait; dependents launched at start
 // On the diagonal with whole steps, a lane's two chunks' scales of a row are adjacent: one load.
 constexpr bool DIAG = GROUP < 128 && M == 1;
 constexpr bool SCALED = GROUP < 128 && M > 1;
 constexpr bool WIDE_SCALES = DIAG && K % 128 == 0;
 static_assert(!XSMEM || STREAMING, "x is staged in shared memory on streaming builds only");
-static_assert(!EARLY || STREAMING, "early loads are the streaming build's first batch");
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -375,25 +373,18 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
     };
     if constexpr (XWARP) {
         // Each warp stages the x of its own steps, paired, through registers (no block barrier),
-        // its x loads issued ahead of its first weights (volatile loads keep that order); EARLY:
-        // the first weights go before the grid-dependency wait, x after it.
+        // its x loads issued ahead of its first weights (volatile loads keep that order).
         constexpr int XW_LANE = (16 * WARP_STEPS + 31) / 32;  // 16 x words (8 halves) a step
         int xw[XW_LANE];
         u32x4 xv[XW_LANE];
-        if constexpr (EARLY) {
-            load_batch(s_begin);
-            I4_GRID_WAIT();
-        }
 #pragma unroll
         for (int r = 0; r < XW_LANE; ++r) {
             const int i = threadIdx.x % 32 + 32 * r, st = s_begin + (i / 16) * STEP_STRIDE;
             xw[r] = i < 16 * WARP_STEPS && st < s_end && 16 * st + i % 16 < K / 8 ? 16 * st + i % 16 : -1;
             xv[r] = load_first16(x + 8 * max(xw[r], 0));
         }
-        if constexpr (!EARLY) {
-            __syncwarp();  // emits no instruction, but the build measured on the H200 was scheduled with it
-            load_batch(s_begin);
-        }
+        __syncwarp();  // emits no instruction, but the build measured on the H200 was scheduled with it
+        load_batch(s_begin);
 #pragma unroll
         for (int r = 0; r < XW_LANE; ++r)
             if (xw[r] >= 0) xs[xw[r]] = tc_pair_x(xv[r]);
@@ -402,7 +393,6 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
         // STREAMING: the first batch is loaded before the loop, and x goes into shared memory
         // while it is in flight.
         if constexpr (STREAMING) load_batch(s_begin);
-        if constexpr (EARLY) I4_GRID_WAIT();  // x (read below or per step) after the first weights
         if constexpr (XPERM) {
             for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_cached16(x + 8 * i));
             __syncthreads();
@@ -550,17 +540,14 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
         for (int e = 0; e < MT; ++e) acc[tw][0][e] = acc[tw][1][e] = 0.0f;
-    // EARLY: the next kernel may launch now (its blocks take SM room as this grid's leave), and
-    // tc_rows waits for the previous grid after issuing its first weights, before any x.
-    if constexpr (EARLY) I4_GRID_LAUNCH_DEPENDENTS();
     if constexpr (PREFETCH > 0) tc_prefetch(w, row0, rank * KSPLIT + ks, g, t);
-    if constexpr (!EARLY) I4_GRID_WAIT();  // the previous kernel's writes (x) are visible after this
+    I4_GRID_WAIT();               // the previous kernel's writes (x) are visible after this
     if (N % ROWS_PER_BLOCK != 0 && blockIdx.x / KC == gridDim.x / KC - 1)
         tc_rows<true>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     else
         tc_rows<false>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     // This block's loads are done: the next kernel may launch. Triggering at the start instead
     // measured 1.5 us slower per small call and 4-7% on large ones (docs/performance.md).
-    if constexpr (!EARLY) I4_GRID_LAUNCH_DEPENDENTS();
+    I4_GRID_LAUNCH_DEPENDENTS();
     tc_store(acc, y, row0, ks, rank, g, t, partial, cluster_part);
 }
