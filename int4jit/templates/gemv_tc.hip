@@ -29,7 +29,8 @@
 // D = sum x q + 1024 sum x_even + 64 sum x_odd over the group or chunk. The offsets are the same
 // for every row: a second mma per step with a constant A (1024 / 64 on rows g, 1 on rows g+8)
 // gives C = 1024 sum x_even + 64 sum x_odd and S = sum x in every lane, and the fold takes
-// D - C - z S. Exact products still; the sums lose ~7 bits of fp32 to the 1024 offset.
+// D - C - z S. Exact products still; the sums lose ~7 bits of fp32 to the 1024 offset. bf16:
+// A = 128 + q on both nibbles, C = 128 S. One token only (C and S are per token).
 // XPERM: x is staged in shared memory already paired as the mma's B wants it (no PRMT per step).
 // WIDE_SCALES: on the diagonal, a lane folds two adjacent chunks of a row; with whole steps their
 // scales are adjacent (and aligned) in the row, so they come in one load (docs/performance.md).
@@ -58,9 +59,9 @@ constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets c
 constexpr bool XPERM = XSMEM;            // staged x is already paired for B
 constexpr bool XWARP = XSMEM && !RAW_A;  // each warp stages its own steps' x, before its weights
 constexpr int PREFETCH = ${PREFETCH};    // batches of weights asked into L2 before the grid-dependency wait
+constexpr bool DIAG = GROUP < 128 && M == 1;    // the diagonal trick (one token)
+constexpr bool SCALED = GROUP < 128 && M > 1;   // A = (q - z) * s (several tokens)
 // On the diagonal with whole steps, a lane's two chunks' scales of a row are adjacent: one load.
-constexpr bool DIAG = GROUP < 128 && M == 1;
-constexpr bool SCALED = GROUP < 128 && M > 1;
 constexpr bool WIDE_SCALES = DIAG && K % 128 == 0;
 static_assert(!XSMEM || STREAMING, "x is staged in shared memory on streaming builds only");
 constexpr int BS = 32 * KSPLIT;
