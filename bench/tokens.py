@@ -92,7 +92,8 @@ def main():
                     row["us"][m] = graph_time([lambda t=t: int4jit.gemv(x, *t, out=y) for t in sets])
                     if base is None:
                         base = row["us"][m]
-                row["bf16_over_fp16_m1"] = row["us"][tokens[0]] / rows[-1]["us"][tokens[0]] if name == "bfloat16" else None
+                fp16 = next((r for r in rows if (r["N"], r["K"], r["group"], r["dtype"]) == (N, K, G, "float16")), None)
+                row["bf16_over_fp16_m1"] = row["us"][tokens[0]] / fp16["us"][tokens[0]] if name == "bfloat16" and fp16 else None
                 row["m8_over_m1_fp16"] = row["us"][8] / base if 8 in row["us"] else None
                 rows.append(row)
                 ratio = f"{row['bf16_over_fp16_m1']:.2f}" if row["bf16_over_fp16_m1"] else "—"
