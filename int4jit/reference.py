@@ -41,14 +41,15 @@ def unpack_nibbles(w: np.ndarray) -> np.ndarray:
 
 
 def random_problem(shape, rng=None):
-    """Random canonical data for a GemvShape: (x float16 [K], w, scales, zeros or None).
-    Every byte value and zero point occurs; scales are positive, x is standard normal."""
+    """Random canonical data for a GemvShape: (x float16 [K] (one token) or [M, K], w, scales,
+    zeros or None). Every byte value and zero point occurs; scales are positive, x is standard
+    normal (its 16-bit patterns serve bf16 as well: finite, small values)."""
     rng = np.random.default_rng() if rng is None else rng
     groups = (shape.N, shape.K // shape.group)
     w = rng.integers(0, 256, (shape.N, shape.K // 2), dtype=np.uint8)
     scales = (rng.random(groups, dtype=np.float32) * 0.02 + 1e-3).astype(np.float16)
     zeros = None if shape.symmetric else rng.integers(0, 16, groups, dtype=np.uint8)
-    x = rng.standard_normal(shape.K, dtype=np.float32).astype(np.float16)
+    x = rng.standard_normal(shape.K if shape.M == 1 else (shape.M, shape.K), dtype=np.float32).astype(np.float16)
     return x, w, scales, zeros
 
 

@@ -2,9 +2,9 @@
 
 A spec names the kernel (`simt`: templates/gemv.hip, any target, one fp16 token; `tc`:
 templates/gemv_tc.hip, NVIDIA tensor cores, 1..8 tokens in fp16 or bf16; `tc_batch`:
-templates/gemv_tc_batch.hip, 9..16 tokens), its launch
-geometry (BS, TN), its variant record (the tc kernel's searchable knobs), and everything derived from them: template parameters, grid, block, whether
-the launch uses programmatic dependent launch (pdl). Rendering, compiling, loading, launching
+templates/gemv_tc_batch.hip, 9..16 tokens), its launch geometry (BS, TN), its variant record
+(the tc kernel's searchable knobs), and everything derived from them: template parameters,
+grid, block, whether the launch uses programmatic dependent launch (pdl). Rendering, compiling, loading, launching
 and every cache key read the spec; nothing is derived twice. Pure functions, no I/O.
 """
 from __future__ import annotations
@@ -164,11 +164,6 @@ def tc_possible(shape: GemvShape, tensor_cores: bool) -> bool:
     return tensor_cores and shape.K % 32 == 0
 
 
-def tc_serves(shape: GemvShape) -> bool:
-    """Whether gemv_tc.hip takes the shape: up to TC_MAX_TOKENS tokens, fp16 or bf16."""
-    return shape.M <= TC_MAX_TOKENS
-
-
 def choose_kernel(shape: GemvShape, tensor_cores: bool, requested: str = "auto") -> str:
     """`tc` where the target has the m16n8k16 step, K is whole 16-byte loads and N is large
     enough; `simt` elsewhere. requested='simt'|'tc' asks for one (tc where it cannot serve is a
@@ -179,7 +174,7 @@ def choose_kernel(shape: GemvShape, tensor_cores: bool, requested: str = "auto")
             raise NotImplementedError(
                 f"{shape.key()}: several tokens or bf16 run on the tensor-core kernels, which need an NVIDIA "
                 f"sm_80+ target and K % 32 == 0 (one fp16 token runs everywhere)")
-        return "tc" if tc_serves(shape) else "tc_batch"
+        return "tc" if shape.M <= TC_MAX_TOKENS else "tc_batch"
     if requested == "simt":
         return "simt"
     if requested == "tc":

@@ -20,7 +20,7 @@ from .backends import module_for_arch
 from .cache import warn_write_failure
 from .errors import Int4JitError
 from .shapes import GemvShape, LaunchConfig, candidate_grid
-from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, TC_MIN_ROWS, KernelSpec, Variant, default_variant, make_spec,
+from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, KernelSpec, Variant, choose_kernel, default_variant, make_spec,
                    template_hash, variant_from, variant_space)
 from .trace import trace
 from .tuning_db import TuningDB, TuningRecord
@@ -125,8 +125,10 @@ def table_entry(shape: GemvShape, arch: str, kernel: str) -> tuple[Override, str
     same loads and steps, bf16 in place of fp16 arithmetic."""
     rows = shipped_table().get(arch, {})
     key = shape.key()
-    if key not in rows and kernel == "tc" and shape.M == 1 and shape.N >= TC_MIN_ROWS:
-        key = replace(shape, dtype="float16", scale_dtype="float16").key()
+    if key not in rows and kernel == "tc" and shape.M == 1:
+        fp16 = replace(shape, dtype="float16", scale_dtype="float16")
+        if choose_kernel(fp16, tensor_cores=True) == "tc":  # its row was measured on tc, not simt
+            key = fp16.key()
     row = rows.get(key)
     if row is None:
         return None

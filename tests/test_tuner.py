@@ -536,7 +536,7 @@ class RecordingDevice:
 
 
 @pytest.mark.parametrize("shape", [GemvShape(4096, 4096, 128, False), GemvShape(16384, 4096, 32, True),
-                                   GemvShape(7, 48, 16, False)])
+                                   GemvShape(7, 48, 16, False), GemvShape(4096, 4096, 128, False, 8, "bfloat16")])
 def test_bench_buffers_rotate_enough_distinct_copies(shape):
     dev = RecordingDevice()
     bufs = benchmark.BenchBuffers(dev, shape, seed=1)
@@ -548,6 +548,8 @@ def test_bench_buffers_rotate_enough_distinct_copies(shape):
     assert bufs.copies * per_copy >= min(3 * dev.l2_bytes, 64 * per_copy)
     x, w, s, z = bufs.host
     assert w.shape == (shape.N, shape.K // 2) and s.dtype == np.float16 and (z is None) == shape.symmetric
+    assert x.size == shape.M * shape.K and dev.allocs[bufs.x] == x.nbytes  # x [M, K] uploaded whole
+    assert dev.allocs[bufs.y] == 2 * shape.M * shape.N                        # room for every token's y
     assert len(np.unique(w)) > 100 or w.size < 500  # random bytes, not zeros
     bufs.free()
     assert sorted(dev.freed) == sorted(dev.allocs)  # nothing leaked, nothing freed twice

@@ -125,6 +125,9 @@ __device__ __forceinline__ void tc_zero_words(u32 z, u32& zlo, u32& zhi_neg) {
 // holds (or is re-loaded with) a 32-bit constant per use.
 __constant__ u32 TC_MASK[2] = {0x000F000Fu, 0x00F000F0u};
 
+// bf16: nibbles i and i + 4 of a word as the pair (128 + q_i, 128 + q_i+4), exact.
+__device__ __forceinline__ u32 bf16_nibble_pair(u32 q, int i) { return ((q >> (4 * i)) & TC_MASK[0]) | MAGIC_128; }
+
 // One 8-nibble word of rows g (qa) and g+8 (qb) against x pairs (x0,x4) (x1,x5) (x2,x6) (x3,x7).
 __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u32 za_hi, u32 zb_lo,
                                         u32 zb_hi, u32 x04, u32 x15, u32 x26, u32 x37, u32 sa2 = 0, u32 sb2 = 0) {
@@ -133,8 +136,8 @@ __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u
         u32 a[4], b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            a[i] = tc_scale(bf2_fma(((qa >> (4 * i)) & TC_MASK[0]) | MAGIC_128, BF2_ONES, za_lo), sa2);
-            b[i] = tc_scale(bf2_fma(((qb >> (4 * i)) & TC_MASK[0]) | MAGIC_128, BF2_ONES, zb_lo), sb2);
+            a[i] = tc_scale(bf2_fma(bf16_nibble_pair(qa, i), BF2_ONES, za_lo), sa2);
+            b[i] = tc_scale(bf2_fma(bf16_nibble_pair(qb, i), BF2_ONES, zb_lo), sb2);
         }
         mma_16816_bf16(d, a[0], b[0], a[1], b[1], x04, x15);
         mma_16816_bf16(d, a[2], b[2], a[3], b[3], x26, x37);
@@ -156,8 +159,8 @@ __device__ __forceinline__ void tc_word_raw(float d[4], u32 qa, u32 qb, u32 x04,
         u32 a[4], b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            a[i] = ((qa >> (4 * i)) & TC_MASK[0]) | MAGIC_128;
-            b[i] = ((qb >> (4 * i)) & TC_MASK[0]) | MAGIC_128;
+            a[i] = bf16_nibble_pair(qa, i);
+            b[i] = bf16_nibble_pair(qb, i);
         }
         mma_16816_bf16(d, a[0], b[0], a[1], b[1], x04, x15);
         mma_16816_bf16(d, a[2], b[2], a[3], b[3], x26, x37);
@@ -199,8 +202,9 @@ __device__ __forceinline__ u32x4 tc_pair_x(u32x4 v) {
 
 // x of this lane's chunk c of a step (token g's with several tokens; lanes past the last token
 // read it again, and their D columns are never stored), paired as the nibble words are:
-// (x0,x4) (x1,x5) (x2,x6) (x3,x7), unmasked. Returns the mask tc_mask_pairs applies before x becomes B: all ones, or
-// zero where the lane supplies no B values (diagonal) or has no chunk (partial step).
+// (x0,x4) (x1,x5) (x2,x6) (x3,x7), unmasked. Returns the mask tc_mask_pairs applies before x
+// becomes B: all ones, or zero where the lane supplies no B values (diagonal) or has no chunk
+// (partial step, SCALED).
 __device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRICT x, const u32x4* xs,
                                           int c, int g, int t) {
     const u32 keep = DIAG ? (c < CHUNKS && g == t ? 0xFFFFFFFFu : 0u) : !SCALED || c < CHUNKS ? 0xFFFFFFFFu : 0u;
