@@ -42,16 +42,17 @@ def _env_reader():
 _env_state = _env_reader()
 
 
-def kernel_for(dev, shape: GemvShape, config, stream: int) -> Kernel:
+def kernel_for(dev, shape: GemvShape, config, stream: int, fixed_weights: bool = False) -> Kernel:
     """The loaded kernel for this call. Planned once per (device, shape, config, environment
-    state): changing INT4JIT_CONFIG later in the process takes effect."""
-    key = (dev, shape, config if config is None or isinstance(config, str) else tuple(config), _env_state())
+    state, fixed_weights): changing INT4JIT_CONFIG later in the process takes effect."""
+    key = (dev, shape, config if config is None or isinstance(config, str) else tuple(config), _env_state(),
+           fixed_weights)
     k = _kernels.get(key)
     if k is None:
         # Benchmarking while the stream records a graph would launch into it: cheap tiers only,
         # and a heuristic pick made then is not kept (the next call outside the capture tunes).
         capturing = dev.is_capturing(stream)
-        p = plan(shape, dev.arch, dev, env=read_env(), config=config, tune=not capturing)
+        p = plan(shape, dev.arch, dev, env=read_env(), config=config, tune=not capturing, fixed_weights=fixed_weights)
         k = load(dev, p.spec)
         if p.tier != "heuristic" or not capturing:
             with _kernels_lock:
@@ -243,7 +244,9 @@ class GemvWeights:
     contiguity) and launches with the layer's kernel and packed arguments.
 
     w, scales, zeros: torch CUDA tensors in the canonical layout (see gemv). perm: act-order
-    permutation or None."""
+    permutation or None. The layer's tensors are fixed while it is in use: no kernel may write
+    them (with PDL on sm_90 a call loads its first weights before waiting for the previous
+    kernel on the stream; INT4JIT_PDL=0 turns that off with PDL itself)."""
 
     def __init__(self, w, scales, zeros=None, perm=None):
         import torch  # GemvWeights is the torch fast path; `import int4jit` does not import torch
@@ -296,7 +299,7 @@ class GemvWeights:
         if launch is None:
             name = "bfloat16" if dtype is self._torch.bfloat16 else "float16"
             shape = replace(self.shape, M=tokens, dtype=name)
-            launch = self._launches[key] = kernel_for(self.device, shape, None, stream).launch_packed
+            launch = self._launches[key] = kernel_for(self.device, shape, None, stream, fixed_weights=True).launch_packed
         return launch
 
     def __call__(self, x, out=None):

@@ -212,6 +212,8 @@ def cmd_warm(args) -> int:
             try:
                 p = plan.plan(shape, arch, device, exhaustive=args.exhaustive or None)
                 ck = compiler.build(p.spec)
+                # what GemvWeights / Int4Linear launch for the shape (the early build, where it applies)
+                compiler.build(plan.plan(shape, arch, device, exhaustive=args.exhaustive or None, fixed_weights=True).spec)
                 if args.compile_only:  # pre-warm what tier 4 would compile at run time, too
                     space = [s for s in plan.search_space(shape, arch, exhaustive=args.exhaustive or None)
                              if not compiler.is_cached(s)]

@@ -49,6 +49,10 @@ class Variant:
     one_wave   registers capped so a one-wave grid fits (a few g32 shapes)
     loads      16-byte weight loads a lane keeps in flight (4 or 8)
     prefetch   batches of weights asked into L2 before waiting for the previous kernel (0-2)
+    early      PDL chains: the next kernel may launch at this one's start, and the first batch of
+               weights is loaded before waiting for the previous kernel (x after it); implies
+               streaming. Not searched: the plan sets it for fixed weights (GemvWeights,
+               Int4Linear) at g >= 128, and an override may name it.
     """
     streaming: bool = False
     raw_a: bool = False
@@ -56,6 +60,7 @@ class Variant:
     one_wave: bool = False
     loads: int = 4
     prefetch: int = 0
+    early: bool = False
 
     def text(self, base: "Variant | None" = None) -> str:
         """Only the fields that differ from `base` (the defaults): 'streaming=1,kcluster=2'."""
@@ -68,7 +73,7 @@ class Variant:
 
 
 VARIANT_RANGES = {"streaming": (0, 1), "raw_a": (0, 1), "kcluster": (1, 2), "one_wave": (0, 1),
-                  "loads": (4, 8), "prefetch": (0, 1, 2)}
+                  "loads": (4, 8), "prefetch": (0, 1, 2), "early": (0, 1)}
 SIMT_VARIANT = Variant(prefetch=0)
 
 
@@ -240,13 +245,17 @@ def arch_number(arch: str) -> int:
 def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant, pdl: bool = True) -> Variant:
     """The variant as it will be built: fields that cannot apply are reset (raw_a needs
     streaming and one token; kcluster needs sm_90, one token and K of two steps or more;
-    prefetch needs PDL on sm_90)."""
+    prefetch and early need PDL on sm_90; early streams)."""
     if v.raw_a and (not v.streaming or shape.M > 1):
         v = replace(v, raw_a=False)
     if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster or shape.M > 1):
         v = replace(v, kcluster=1)
     if v.prefetch and (arch_number(arch) < 90 or not pdl):
         v = replace(v, prefetch=0)
+    if v.early and (arch_number(arch) < 90 or not pdl):
+        v = replace(v, early=False)
+    if v.early and not v.streaming:
+        v = replace(v, streaming=True)
     return v
 
 
@@ -294,7 +303,7 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
               ("SCALE_BF16", cpp(shape.scale_dtype == "bfloat16")),
               ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", cpp(shape.group < 128)),
               ("STREAMING", cpp(v.streaming)), ("XSMEM", cpp(xsmem)), ("RAW_A", cpp(v.raw_a)),
-              ("KCLUSTER", kc), ("PREFETCH", v.prefetch),
+              ("KCLUSTER", kc), ("PREFETCH", v.prefetch), ("EARLY", cpp(v.early)),
               ("KERNEL_ATTRS", (f"__cluster_dims__({kc}, 1, 1) " if kc > 1 else "")
                + (f"__launch_bounds__({cfg.BS}, {min_blocks})" if min_blocks else f"__launch_bounds__({cfg.BS})")))
     return KernelSpec(

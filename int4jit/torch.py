@@ -70,7 +70,8 @@ class Int4Linear(nn.Module):
     several tokens on the tensor-core kernels (NVIDIA sm_80+). More tokens (prefill) dequantise
     once per call on the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul;
     on the CPU the dequantised weight is kept per module (up to CPU_DENSE_CACHE_BYTES). The
-    first fallback of a module logs a warning naming why."""
+    weight buffers are GemvWeights' (fixed while in use: a kernel that writes them must not be the
+    one launched right before the layer's call on its stream). The first fallback of a module logs a warning naming why."""
 
     def __init__(self, w, scales, zeros=None, bias=None, perm=None):
         super().__init__()

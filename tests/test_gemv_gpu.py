@@ -177,7 +177,7 @@ def test_mismatched_device_mix_rejected_before_launch():
 
 
 VARIANTS = ["", "streaming=1", "streaming=1,raw_a=1", "kcluster=2", "one_wave=1", "loads=8", "prefetch=0",
-            "prefetch=2", "streaming=1,kcluster=2,loads=8"]
+            "prefetch=2", "streaming=1,kcluster=2,loads=8", "early=1", "early=1,raw_a=1,loads=8"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -313,13 +313,14 @@ def test_large_problems(N, K, group):
     assert rel_error(y, chunked_reference(x, w, s, z, rows=8192)) <= TOL
 
 
-CHAIN_CONFIGS = ["", "*=256,2,streaming=1,prefetch=1", "*=512,4,loads=8,prefetch=2"]
+CHAIN_CONFIGS = ["", "*=256,2,streaming=1,prefetch=1", "*=256,2,early=1", "*=128,4,early=1,prefetch=1",
+                 "*=512,4,early=1,loads=8"]
 
 
 @pytest.mark.parametrize("config", CHAIN_CONFIGS)
 def test_chain_of_pdl_launches_equals_per_call_results(config, monkeypatch):
     """A decode-like chain in one graph (each GEMV's x is the previous one's y, PDL between them;
-    weights prefetched into L2 before the wait where the variant says) gives exactly the
+    weights prefetched or loaded before the wait where the variant says) gives exactly the
     per-call results."""
     if config:
         monkeypatch.setenv("INT4JIT_CONFIG", config)
@@ -363,7 +364,7 @@ def test_pdl_chain_through_two_buffers(config, monkeypatch):
     """The chain through two ping-pong buffers, after a torch copy writes x: each GEMV overwrites
     the buffer its predecessor read (a write after read across the PDL overlap) and reads what its
     predecessor wrote. The graph's last output equals the per-call chain's, bit for bit.
-    'layers': GemvWeights calls."""
+    'layers': GemvWeights calls (fixed weights: the early build at g128)."""
     if config and config != "layers":
         monkeypatch.setenv("INT4JIT_CONFIG", config)
     t = _torch()

@@ -149,3 +149,37 @@ def test_the_check_catches_a_load_before_the_wait(monkeypatch):
 def test_no_grid_dependency_control_before_sm_90(kernel):
     spec = make_spec(GemvShape(4096, 4096, 128, False), "sm_80", kernel, LaunchConfig(128, 4), pdl=False)
     assert not spec.pdl and "griddepcontrol" not in ptx(spec)
+
+
+EARLY = [(GemvShape(4096, 4096, 128, False), LaunchConfig(512, 2)),          # x staged per warp
+         (GemvShape(4096, 14336, 32, True), LaunchConfig(512, 4)),           # the diagonal, paired scales
+         (GemvShape(4096, 28672, 128, False), LaunchConfig(256, 4)),         # x read per step
+         (GemvShape(28672, 4096, 128, False, 4, "bfloat16"), LaunchConfig(128, 4))]
+
+
+@pytest.mark.parametrize("shape,cfg", EARLY, ids=[f"{s.key()}-{c}" for s, c in EARLY])
+def test_early_variant_reads_only_weights_before_the_wait(shape, cfg):
+    """early=1: the next kernel may launch at the start, and before the wait the kernel reads only
+    what no predecessor in a chain writes -- weights (16-byte no_allocate loads), scales and zero
+    points (narrower loads); x (16-byte loads from L2, never the non-coherent path) and every
+    store come after it."""
+    spec = make_spec(shape, "sm_90", "tc", cfg, Variant(early=True), pdl=True, sm_count=132)
+    assert spec.variant.streaming and spec.param("EARLY") == "true"
+    ins = instructions(ptx(spec))
+    wait = next(i for i, s in enumerate(ins) if s.startswith("griddepcontrol.wait"))
+    launches = [i for i, s in enumerate(ins) if s.startswith("griddepcontrol.launch_dependents")]
+    assert len(launches) == 1 and launches[0] < wait
+    before = [s.split()[0] for s in ins[:wait] if reaches_global_memory(s)]
+    weights = [op for op in before if op.startswith("ld.global.nc.L1::no_allocate") and op.endswith(".v4.u32")]
+    assert weights, "no weight load before the wait"
+    others = [op for op in before if op not in weights]
+    assert all(re.fullmatch(r"ld\.global\.nc\.(u8|u16|u32|v2\.u32)", op) for op in others), others
+    assert any(s.split()[0] == "ld.global.cg.v4.u32" for s in ins[wait:]), "x is read coherently after the wait"
+    # x never through the read-only path: an older kernel's lines of the buffer may be in L1
+    assert not any(s.split()[0] == "ld.global.nc.v4.u32" for s in ins), "x read through the non-coherent path"
+
+
+def test_early_is_built_only_with_pdl_on_sm_90():
+    shape = GemvShape(4096, 4096, 128, False)
+    assert make_spec(shape, "sm_90", "tc", LaunchConfig(512, 2), Variant(early=True), pdl=False).param("EARLY") == "false"
+    assert make_spec(shape, "sm_80", "tc", LaunchConfig(512, 2), Variant(early=True)).variant == Variant()

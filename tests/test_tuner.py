@@ -553,3 +553,29 @@ def test_bench_buffers_rotate_enough_distinct_copies(shape):
     assert len(np.unique(w)) > 100 or w.size < 500  # random bytes, not zeros
     bufs.free()
     assert sorted(dev.freed) == sorted(dev.allocs)  # nothing leaked, nothing freed twice
+
+
+def test_fixed_weights_launch_early_at_g128_with_pdl(monkeypatch):
+    """GemvWeights / Int4Linear plan with fixed_weights: the tc kernel loads its first weights
+    before the grid-dependency wait (early, which streams) at g >= 128 with PDL; a raw gemv call,
+    g32, INT4JIT_PDL=0 and the simt kernel do not; an override decides for itself; pre-warming
+    compiles both builds."""
+    from dataclasses import replace
+    g128, g32 = GemvShape(4096, 4096, 128, False), GemvShape(4096, 4096, 32, False)
+    fixed = plan.plan(g128, "sm_90", None, fixed_weights=True)
+    assert fixed.spec.variant.early and fixed.spec.variant.streaming and fixed.spec.param("EARLY") == "true"
+    raw = plan.plan(g128, "sm_90", None)
+    assert not raw.spec.variant.early and fixed.spec.config == raw.spec.config and fixed.spec.key() != raw.spec.key()
+    assert not plan.plan(g32, "sm_90", None, fixed_weights=True).spec.variant.early
+    assert not plan.plan(GemvShape(1024, 4096, 128, False), "sm_90", None, fixed_weights=True).spec.variant.early  # simt
+    assert plan.plan(replace(g128, M=4, dtype="bfloat16"), "sm_90", None, fixed_weights=True).spec.variant.early
+    assert plan.plan(g128, "sm_90", None, config="256,2,early=1").spec.variant.early
+    assert not plan.plan(g128, "sm_90", None, config="256,2", fixed_weights=True).spec.variant.early
+    monkeypatch.setenv("INT4JIT_PDL", "0")
+    assert not plan.plan(g128, "sm_90", None, fixed_weights=True).spec.variant.early
+    monkeypatch.delenv("INT4JIT_PDL")
+    space = plan.search_space(g128, "sm_90")
+    plain = [s for s in space if not s.variant.early]
+    twins = {make_spec(g128, "sm_90", "tc", s.config, replace(s.variant, early=True), True) for s in plain}
+    assert plain and twins <= set(space)
+    assert not any(s.variant.early for s in plan.search_space(g32, "sm_90"))

@@ -59,11 +59,13 @@ constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets c
 constexpr bool XPERM = XSMEM;            // staged x is already paired for B
 constexpr bool XWARP = XSMEM && !RAW_A;  // each warp stages its own steps' x, before its weights
 constexpr int PREFETCH = ${PREFETCH};    // batches of weights asked into L2 before the grid-dependency wait
+constexpr bool EARLY = ${EARLY};         // first weights loaded before the wait; dependents launched at start
 constexpr bool DIAG = GROUP < 128 && M == 1;    // the diagonal trick (one token)
 constexpr bool SCALED = GROUP < 128 && M > 1;   // A = (q - z) * s (several tokens)
 // On the diagonal with whole steps, a lane's two chunks' scales of a row are adjacent: one load.
 constexpr bool WIDE_SCALES = DIAG && K % 128 == 0;
 static_assert(!XSMEM || STREAMING, "x is staged in shared memory on streaming builds only");
+static_assert(!EARLY || STREAMING, "early loads are the streaming build's first batch");
 constexpr int BS = 32 * KSPLIT;
 constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
@@ -108,6 +110,16 @@ __device__ __forceinline__ u32 tc_scale(u32 a, u32 s2) {
 __device__ __forceinline__ u32x4 load_weights16(const void* p) {
     if constexpr (STREAMING) return load_stream16_l2_256(p);
     else return load_stream16(p);
+}
+
+// x. EARLY: this grid is resident while the previous one writes x, so x is read coherently
+// (from L2, after the wait); otherwise through the read-only path. FIRST keeps a load in program
+// order with the other volatile loads (issued ahead of them).
+template <bool FIRST>
+__device__ __forceinline__ u32x4 load_x16(const void* p) {
+    if constexpr (EARLY) return load_coherent16(p);
+    else if constexpr (FIRST) return load_first16(p);
+    else return load_cached16(p);
 }
 
 // Zero point z as the fp16x2 words that turn (1024 + q) and (1024 + 16q) into q - z; bf16:
@@ -211,7 +223,7 @@ __device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRIC
     if constexpr (M > 1) x += (long long)min(g, M - 1) * K;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const u32x4 v = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_cached16(x + 32 * min(c, CHUNKS - 1) + 8 * j);
+        const u32x4 v = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_x16<false>(x + 32 * min(c, CHUNKS - 1) + 8 * j);
         if constexpr (XPERM) {
             xp[j][0] = v.x; xp[j][1] = v.y; xp[j][2] = v.z; xp[j][3] = v.w;
         } else {
@@ -378,18 +390,25 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
     };
     if constexpr (XWARP) {
         // Each warp stages the x of its own steps, paired, through registers (no block barrier),
-        // its x loads issued ahead of its first weights (volatile loads keep that order).
+        // its x loads issued ahead of its first weights (volatile loads keep that order); EARLY:
+        // the first weights go before the grid-dependency wait, x after it.
         constexpr int XW_LANE = (16 * WARP_STEPS + 31) / 32;  // 16 x words (8 halves) a step
         int xw[XW_LANE];
         u32x4 xv[XW_LANE];
+        if constexpr (EARLY) {
+            load_batch(s_begin);
+            I4_GRID_WAIT();
+        }
 #pragma unroll
         for (int r = 0; r < XW_LANE; ++r) {
             const int i = threadIdx.x % 32 + 32 * r, st = s_begin + (i / 16) * STEP_STRIDE;
             xw[r] = i < 16 * WARP_STEPS && st < s_end && 16 * st + i % 16 < K / 8 ? 16 * st + i % 16 : -1;
-            xv[r] = load_first16(x + 8 * max(xw[r], 0));
+            xv[r] = load_x16<true>(x + 8 * max(xw[r], 0));
         }
-        __syncwarp();  // emits no instruction, but the build measured on the H200 was scheduled with it
-        load_batch(s_begin);
+        if constexpr (!EARLY) {
+            __syncwarp();  // emits no instruction, but the build measured on the H200 was scheduled with it
+            load_batch(s_begin);
+        }
 #pragma unroll
         for (int r = 0; r < XW_LANE; ++r)
             if (xw[r] >= 0) xs[xw[r]] = tc_pair_x(xv[r]);
@@ -398,8 +417,9 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
         // STREAMING: the first batch is loaded before the loop, and x goes into shared memory
         // while it is in flight.
         if constexpr (STREAMING) load_batch(s_begin);
+        if constexpr (EARLY) I4_GRID_WAIT();  // x (read below or per step) after the first weights
         if constexpr (XPERM) {
-            for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_cached16(x + 8 * i));
+            for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_x16<false>(x + 8 * i));
             __syncthreads();
         }
     }
@@ -545,14 +565,17 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
         for (int e = 0; e < MT; ++e) acc[tw][0][e] = acc[tw][1][e] = 0.0f;
+    // EARLY: the next kernel may launch now (its blocks take SM room as this grid's leave), and
+    // tc_rows waits for the previous grid after issuing its first weights, before any x.
+    if constexpr (EARLY) I4_GRID_LAUNCH_DEPENDENTS();
     if constexpr (PREFETCH > 0) tc_prefetch(w, row0, rank * KSPLIT + ks, g, t);
-    I4_GRID_WAIT();               // the previous kernel's writes (x) are visible after this
+    if constexpr (!EARLY) I4_GRID_WAIT();  // the previous kernel's writes (x) are visible after this
     if (N % ROWS_PER_BLOCK != 0 && blockIdx.x / KC == gridDim.x / KC - 1)
         tc_rows<true>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     else
         tc_rows<false>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     // This block's loads are done: the next kernel may launch. Triggering at the start instead
     // measured 1.5 us slower per small call and 4-7% on large ones (docs/performance.md).
-    I4_GRID_LAUNCH_DEPENDENTS();
+    if constexpr (!EARLY) I4_GRID_LAUNCH_DEPENDENTS();
     tc_store(acc, y, row0, ks, rank, g, t, partial, cluster_part);
 }

@@ -45,6 +45,16 @@ __device__ __forceinline__ u32x4 load_first16(const void* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
+// Activations another kernel may still be writing while this one is resident (the `early`
+// variant of gemv_tc): read past L1 from L2, where the previous grid's stores are visible once
+// griddepcontrol.wait returns. The non-coherent path above is only for data fixed while the
+// kernel is resident, and L1 may hold lines of the same buffer read by an older kernel.
+__device__ __forceinline__ u32x4 load_coherent16(const void* p) {
+    u32x4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ u16 load_cached_u16(const u16* p) { return __ldg(p); }
 __device__ __forceinline__ u32 load_cached_u32(const void* p) { return __ldg((const u32*)p); }
 __device__ __forceinline__ u32x2 load_cached8(const void* p) {
