@@ -165,8 +165,8 @@ def picks(shape: GemvShape, arch: str, kernel: str, pdl: bool, device, times: di
     winner = fastest(stage1, times)
     searched = list(stage1)
     if winner is not None:
-        searched += [s for s in tuner.variant_specs(shape, arch, kernel, winner.config, device, False, pdl)
-                     if s not in stage1]
+        searched += [s for s in tuner.variant_specs(shape, arch, kernel, winner.config, device, False, pdl,
+                                                    winner.variant) if s not in stage1]
     tuned_spec = fastest(searched, times)
     tuned = None if tuned_spec is None else tuned_spec.label()
     heuristic = heuristic_spec(shape, arch, kernel, pdl).label()

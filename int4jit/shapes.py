@@ -44,11 +44,6 @@ class GemvShape:
         return (self.N * self.K // 2 + 2 * groups + (0 if self.symmetric else groups)
                 + 2 * self.M * (self.K + self.N))
 
-    @property
-    def plain(self) -> bool:
-        """One fp16 token with fp16 scales: what every kernel serves (simt only this)."""
-        return self.M == 1 and self.dtype == "float16" and self.scale_dtype == "float16"
-
     def key(self) -> str:
         """'4096x4096/g128/asym', with '/m8', '/bfloat16', '/sbfloat16' where they differ."""
         extra = (f"/m{self.M}" if self.M > 1 else "") + (f"/{self.dtype}" if self.dtype != "float16" else "") \

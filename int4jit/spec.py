@@ -1,6 +1,6 @@
 """What one kernel launch is, as one frozen value: the KernelSpec.
 
-A spec names the kernel (`simt`: templates/gemv.hip, any target, one fp16 token; `tc`:
+A spec names the kernel (`simt`: templates/gemv.hip, any target, one token in fp16 or bf16; `tc`:
 templates/gemv_tc.hip, NVIDIA tensor cores, 1..8 tokens in fp16 or bf16; `tc_batch`:
 templates/gemv_tc_batch.hip, 9..16 tokens), its launch geometry (BS, TN), its variant record
 (the tc kernel's searchable knobs), and everything derived from them: template parameters,
@@ -170,15 +170,16 @@ def tc_possible(shape: GemvShape, tensor_cores: bool) -> bool:
 
 
 def choose_kernel(shape: GemvShape, tensor_cores: bool, requested: str = "auto") -> str:
-    """`tc` where the target has the m16n8k16 step, K is whole 16-byte loads and N is large
-    enough; `simt` elsewhere. requested='simt'|'tc' asks for one (tc where it cannot serve is a
-    ValueError: nothing falls back silently). Several tokens or bf16 need the tensor-core step
-    (NotImplementedError elsewhere, AMD included): `tc` where it serves them, else `tc_batch`."""
-    if not shape.plain:
+    """One token (fp16 or bf16): `tc` where the target has the m16n8k16 step, K is whole 16-byte
+    loads and N is large enough; `simt` elsewhere. requested='simt'|'tc' asks for one (tc where it
+    cannot serve is a ValueError: nothing falls back silently). Several tokens need the
+    tensor-core step (NotImplementedError elsewhere, AMD included): `tc` up to TC_MAX_TOKENS,
+    `tc_batch` beyond."""
+    if shape.M > 1:
         if not tc_possible(shape, tensor_cores):
             raise NotImplementedError(
-                f"{shape.key()}: several tokens or bf16 run on the tensor-core kernels, which need an NVIDIA "
-                f"sm_80+ target and K % 32 == 0 (one fp16 token runs everywhere)")
+                f"{shape.key()}: several tokens run on the tensor-core kernels, which need an NVIDIA "
+                f"sm_80+ target and K % 32 == 0 (one token runs everywhere)")
         return "tc" if shape.M <= TC_MAX_TOKENS else "tc_batch"
     if requested == "simt":
         return "simt"
@@ -208,16 +209,28 @@ def default_variant(shape: GemvShape, kernel: str, config: LaunchConfig) -> Vari
     return Variant(streaming=streaming, raw_a=streaming and config.TN // 2 >= TC_RAW_MIN_TILES)
 
 
+def schedules(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str, pdl: bool = True) -> list[Variant]:
+    """The tc kernel's two schedules at one (BS, TN): the default variant, and the same with
+    streaming flipped (the tuner's first stage measures the grid under both: which one wins moves
+    with N, K and the group, and a size rule misplaced it on 6 of 20 validation shapes)."""
+    base = default_variant(shape, kernel, config)
+    if kernel != "tc":
+        return [base]
+    out = [normalise_variant(shape, config, arch, v, pdl)
+           for v in (base, replace(base, streaming=not base.streaming, raw_a=False))]
+    return list(dict.fromkeys(out))
+
+
 def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str,
-                  exhaustive: bool = False, pdl: bool = True) -> list[Variant]:
-    """The variants the tuner measures at one (BS, TN), the default first. The default search
-    flips one field at a time (streaming, one_wave, loads, prefetch); exhaustive adds kcluster
-    (sm_90) and raw_a combinations."""
+                  exhaustive: bool = False, pdl: bool = True, base: Variant | None = None) -> list[Variant]:
+    """The variants the tuner measures at one (BS, TN) around `base` (the default variant when
+    None), base first. The default search flips one field at a time (streaming, one_wave, loads,
+    prefetch); exhaustive adds kcluster (sm_90) and raw_a combinations."""
     if kernel == "tc_batch":  # its one knob: weight loads in flight a lane
         return [SIMT_VARIANT, replace(SIMT_VARIANT, loads=8)]
     if kernel != "tc":
         return [SIMT_VARIANT]
-    base = normalise_variant(shape, config, arch, default_variant(shape, kernel, config), pdl)
+    base = normalise_variant(shape, config, arch, base or default_variant(shape, kernel, config), pdl)
     out = [base]
 
     def add(v: Variant):
@@ -260,6 +273,10 @@ def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Vari
 
 
 # -- geometry -------------------------------------------------------------------------------
+def _cpp(b: bool) -> str:
+    return "true" if b else "false"
+
+
 def _simt_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool) -> KernelSpec:
     """gemv.hip: KT threads along K; each keeps at most 8 weight loads (TN rows x UNROLL
     steps) in flight."""
@@ -270,7 +287,9 @@ def _simt_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool) -> Ker
     unroll = max(1, min(iters, 8 // cfg.TN))
     rows_per_block = (cfg.BS // kt) * cfg.TN
     return KernelSpec(
-        shape, arch, "simt", cfg, SIMT_VARIANT, (("KT", kt), ("VEC", vec), ("UNROLL", unroll)),
+        shape, arch, "simt", cfg, SIMT_VARIANT,
+        (("KT", kt), ("VEC", vec), ("UNROLL", unroll), ("BF16", _cpp(shape.dtype == "bfloat16")),
+         ("SCALE_BF16", _cpp(shape.scale_dtype == "bfloat16"))),
         _ceil(shape.N, rows_per_block), cfg.BS, pdl,
         rows_per_block=rows_per_block, k_efficiency=chunks / (kt * iters),
         inflight_bytes=cfg.TN * unroll * vec, thread_bytes=cfg.TN * iters * vec,
@@ -298,12 +317,11 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
     xsmem = v.streaming and shape.M == 1 and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
     grid = kc * _ceil(shape.N, rows_per_block)
     min_blocks = _ceil(grid, sm_count) if v.one_wave and _ceil(grid, sm_count) <= 32 else 0
-    cpp = lambda b: "true" if b else "false"
-    params = (("M", shape.M), ("BF16", cpp(shape.dtype == "bfloat16")),
-              ("SCALE_BF16", cpp(shape.scale_dtype == "bfloat16")),
-              ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", cpp(shape.group < 128)),
-              ("STREAMING", cpp(v.streaming)), ("XSMEM", cpp(xsmem)), ("RAW_A", cpp(v.raw_a)),
-              ("KCLUSTER", kc), ("PREFETCH", v.prefetch), ("EARLY", cpp(v.early)),
+    params = (("M", shape.M), ("BF16", _cpp(shape.dtype == "bfloat16")),
+              ("SCALE_BF16", _cpp(shape.scale_dtype == "bfloat16")),
+              ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", _cpp(shape.group < 128)),
+              ("STREAMING", _cpp(v.streaming)), ("XSMEM", _cpp(xsmem)), ("RAW_A", _cpp(v.raw_a)),
+              ("KCLUSTER", kc), ("PREFETCH", v.prefetch), ("EARLY", _cpp(v.early)),
               ("KERNEL_ATTRS", (f"__cluster_dims__({kc}, 1, 1) " if kc > 1 else "")
                + (f"__launch_bounds__({cfg.BS}, {min_blocks})" if min_blocks else f"__launch_bounds__({cfg.BS})")))
     return KernelSpec(
@@ -325,9 +343,8 @@ def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool, lo
     unroll = max(1, min(loads // (2 * tw), per_warp))
     if unroll == max(1, min(4 // (2 * tw), per_warp)):
         loads = 4  # the same build as the default: one key, measured once
-    cpp = lambda b: "true" if b else "false"
-    params = (("M", shape.M), ("BF16", cpp(shape.dtype == "bfloat16")),
-              ("SCALE_BF16", cpp(shape.scale_dtype == "bfloat16")), ("KSPLIT", ksplit), ("TW", tw),
+    params = (("M", shape.M), ("BF16", _cpp(shape.dtype == "bfloat16")),
+              ("SCALE_BF16", _cpp(shape.scale_dtype == "bfloat16")), ("KSPLIT", ksplit), ("TW", tw),
               ("UNROLL", unroll))
     return KernelSpec(
         shape, arch, "tc_batch", cfg, replace(SIMT_VARIANT, loads=loads), params, _ceil(shape.N, rows_per_block), 32 * ksplit, pdl,

@@ -20,7 +20,7 @@ from .backends import module_for_arch
 from .cache import warn_write_failure
 from .errors import Int4JitError
 from .shapes import GemvShape, LaunchConfig, candidate_grid
-from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, KernelSpec, Variant, choose_kernel, default_variant, make_spec,
+from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, KernelSpec, Variant, default_variant, schedules, make_spec,
                    template_hash, variant_from, variant_space)
 from .trace import trace
 from .tuning_db import TuningDB, TuningRecord
@@ -119,16 +119,15 @@ def shipped_table(path: Path = TABLE_PATH) -> dict:
     return json.loads(path.read_text())
 
 
-def table_entry(shape: GemvShape, arch: str, kernel: str) -> tuple[Override, str] | None:
+def table_entry(shape: GemvShape, arch: str) -> tuple[Override, str] | None:
     """(row, its key) of the shipped table (measured under the default kernel choice) for
-    (arch, shape). One bf16 token on the tc kernel takes the fp16 row of its (N, K, group): the
-    same loads and steps, bf16 in place of fp16 arithmetic."""
+    (arch, shape). One bf16 token takes the fp16 row of its (N, K, group): one token's kernel
+    choice does not depend on the dtype, so that row was measured on the same kernel, with the
+    same loads and steps and fp16 in place of bf16 arithmetic."""
     rows = shipped_table().get(arch, {})
     key = shape.key()
-    if key not in rows and kernel == "tc" and shape.M == 1:
-        fp16 = replace(shape, dtype="float16", scale_dtype="float16")
-        if choose_kernel(fp16, tensor_cores=True) == "tc":  # its row was measured on tc, not simt
-            key = fp16.key()
+    if key not in rows and shape.M == 1:
+        key = replace(shape, dtype="float16", scale_dtype="float16").key()
     row = rows.get(key)
     if row is None:
         return None
@@ -236,7 +235,7 @@ def _select(shape, arch, kernel, device, override, exhaustive, tune, table, pdl)
         return Selection(LaunchConfig(rec.config["BS"], rec.config["TN"]), variant_from(cfg, str(db.path)),
                          "db", f"tuned here {rec.date}, {rec.us:.2f} us")
     if not exhaustive and table:
-        hit = table_entry(shape, arch, kernel)
+        hit = table_entry(shape, arch)
         if hit is not None:
             row, row_key = hit
             return _chosen(shape, kernel, row, "table", f"shipped table.json row {row_key} for {arch}")
@@ -256,33 +255,31 @@ def _select(shape, arch, kernel, device, override, exhaustive, tune, table, pdl)
 
 # -- tier 4: the search -----------------------------------------------------------------
 def grid_specs(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive=False, pdl=False) -> list[KernelSpec]:
-    """Stage 1 of the search: every (BS, TN) of the grid at its default variant, heuristic first."""
+    """Stage 1 of the search: every (BS, TN) of the grid under each schedule (the tc kernel's
+    default variant and its streaming twin), the heuristic's pick first."""
     sms = device.sm_count if device is not None else None
     first = heuristic(shape, arch, kernel, device, exhaustive)
     configs = [first] + [c for c in candidate_grid(exhaustive) if c != first]
-    return [make_spec(shape, arch, kernel, c, pdl=pdl, sm_count=sms) for c in configs]
+    specs = [make_spec(shape, arch, kernel, c, v, pdl=pdl, sm_count=sms)
+             for c in configs for v in schedules(shape, kernel, c, arch, pdl)]
+    return list(dict.fromkeys(specs))
 
 
 def variant_specs(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, device=None,
-                  exhaustive=False, pdl=False) -> list[KernelSpec]:
-    """Stage 2: the variant space at one (BS, TN), the default first."""
+                  exhaustive=False, pdl=False, base: Variant | None = None) -> list[KernelSpec]:
+    """Stage 2: the variant space at one (BS, TN) around `base` (stage 1's winner), base first."""
     sms = device.sm_count if device is not None else None
-    specs = []
-    for v in variant_space(shape, kernel, config, arch, exhaustive, pdl):
-        s = make_spec(shape, arch, kernel, config, v, pdl=pdl, sm_count=sms)
-        if s not in specs:
-            specs.append(s)
-    return specs
+    specs = [make_spec(shape, arch, kernel, config, v, pdl=pdl, sm_count=sms)
+             for v in variant_space(shape, kernel, config, arch, exhaustive, pdl, base)]
+    return list(dict.fromkeys(specs))
 
 
 def search_space(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive=False, pdl=False) -> list[KernelSpec]:
-    """Every spec the search may measure, whichever (BS, TN) wins stage 1: what pre-warming compiles."""
-    out = []
+    """Every spec the search may measure, whichever spec wins stage 1: what pre-warming compiles."""
+    out = {}
     for s in grid_specs(shape, arch, kernel, device, exhaustive, pdl):
-        for v in variant_specs(shape, arch, kernel, s.config, device, exhaustive, pdl):
-            if v not in out:
-                out.append(v)
-    return out
+        out.update(dict.fromkeys(variant_specs(shape, arch, kernel, s.config, device, exhaustive, pdl, s.variant)))
+    return list(out)
 
 
 def autotune(shape: GemvShape, kernel: str, device, exhaustive: bool = False, pdl: bool = False):
@@ -296,7 +293,7 @@ def autotune(shape: GemvShape, kernel: str, device, exhaustive: bool = False, pd
         raise Int4JitError(f"autotune for {shape.key()} on {device.arch}: every candidate failed "
                            f"(set INT4JIT_TRACE=1 to see why)")
     best = min(ok, key=ok.get)
-    stage2 = [s for s in variant_specs(shape, device.arch, kernel, best.config, device, exhaustive, pdl)
+    stage2 = [s for s in variant_specs(shape, device.arch, kernel, best.config, device, exhaustive, pdl, best.variant)
               if s not in times]
     if stage2:
         times.update(measure(device, stage2))

@@ -26,6 +26,9 @@ def hiprtc():
     ("gfx900", False, GemvShape(896, 1792, 256, False), LaunchConfig(64, 4)),   # no fdot2
     ("gfx1010", False, GemvShape(7, 48, 16, False), LaunchConfig(64, 2)),      # wave32, no fdot2
     ("gfx908", True, GemvShape(4096, 4096, 128, True), LaunchConfig(256, 4)),
+    ("gfx90a", True, GemvShape(4096, 4096, 128, False, 1, "bfloat16"), LaunchConfig(256, 4)),   # bf16 x and y
+    ("gfx1030", True, GemvShape(7, 48, 16, True, 1, "bfloat16", "bfloat16"), LaunchConfig(64, 2)),  # bf16 scales
+    ("gfx900", False, GemvShape(896, 1792, 32, False, 1, "float16", "bfloat16"), LaunchConfig(64, 4)),
 ], ids=lambda v: v.key() if isinstance(v, GemvShape) else str(v))
 def test_compiles_code_object(hiprtc, arch, dot2, shape, cfg):
     assert hip.kernel_traits(arch)["HAS_DOT2"] == int(dot2)

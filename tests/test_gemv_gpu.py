@@ -489,6 +489,43 @@ def test_act_order_perm_against_reference(N, K, group, symmetric):
     assert rel_error(ys, int4jit.reference_gemv(xs, w, s, z, perm=perm)) <= TOL
 
 
+SIMT_BF16_CASES = [(N, K, g, sym) for (N, K) in ((1, 48), (7, 896), (896, 4864), (1000, 2080), (2500, 4096))
+                   for g in (16, 32, 128) for sym in (True, False) if K % g == 0]
+
+
+@pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("N,K,group,symmetric", SIMT_BF16_CASES)
+def test_simt_kernel_bf16_against_reference(N, K, group, symmetric, scale_dtype, monkeypatch):
+    """One bf16 token on the simt kernel (the few-row shapes' kernel, and AMD's): 8- and 16-byte
+    loads, fp16 and bf16 scales, against the float64 reference; output poisoned first."""
+    monkeypatch.setenv("INT4JIT_KERNEL", "simt")
+    t = _torch()
+    rng = np.random.default_rng()
+    _, w, s, z = random_problem(rng, N, K, group, symmetric)
+    st = t.from_numpy(s).cuda().to(getattr(t, scale_dtype))
+    x = t.randn(K, device="cuda", dtype=t.bfloat16)
+    out = t.full((N,), float("nan"), dtype=t.bfloat16, device="cuda")
+    int4jit.gemv(x, t.from_numpy(w).cuda(), st, None if z is None else t.from_numpy(z).cuda(), out=out)
+    t.cuda.synchronize()
+    xf, sf = x.float().cpu().numpy(), st.float().cpu().numpy()
+    ref = chunked_reference(xf, w, sf, z)
+    assert rel_error(out.float().cpu().numpy(), ref, few_outputs_floor(xf, w, sf, z)) <= 5e-3
+
+
+@pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
+@pytest.mark.parametrize("K,group", [(2080, 16), (4096, 128)])  # 8-byte loads; 16-byte loads
+def test_simt_kernel_bf16_every_grid_point(cfg, K, group, monkeypatch):
+    monkeypatch.setenv("INT4JIT_KERNEL", "simt")
+    t = _torch()
+    rng = np.random.default_rng()
+    _, w, s, z = random_problem(rng, 1001, K, group, symmetric=False)
+    x = t.randn(K, device="cuda", dtype=t.bfloat16)
+    y = int4jit.gemv(x, *(t.from_numpy(a).cuda() for a in (w, s, z)), config=(cfg.BS, cfg.TN))
+    t.cuda.synchronize()
+    ref = int4jit.reference_gemv(x.float().cpu().numpy(), w, s, z)
+    assert y.dtype == t.bfloat16 and rel_error(y.float().cpu().numpy(), ref) <= 5e-3
+
+
 TOKEN_CASES = [(M, N, K, g, sym) for M in (2, 5, 8, 9, 16) for (N, K, g, sym) in
                [(4096, 4096, 128, False), (3001, 2080, 16, True), (1000, 4096, 32, False), (7, 896, 64, True)]]
 

@@ -188,8 +188,8 @@ def test_tier_order(monkeypatch, table, bench):
 
 
 def test_one_bf16_token_takes_the_fp16_table_row(table, bench):
-    """One bf16 token runs the tc kernel's fp16 loads and steps: the fp16 row serves it (raw_a,
-    an fp16 trick, normalised away); several tokens, or few rows (simt's row), do not."""
+    """One bf16 token runs the fp16 token's kernel, loads and steps: the fp16 row serves it, on tc
+    (raw_a, an fp16 trick, normalised away) and on simt (few rows); several tokens do not."""
     from dataclasses import replace
     dev = FakeDevice()
     p = plan.plan(replace(SHAPE, dtype="bfloat16", scale_dtype="bfloat16"), "sm_90", dev, tune=False)
@@ -198,7 +198,8 @@ def test_one_bf16_token_takes_the_fp16_table_row(table, bench):
     assert plan.plan(replace(SHAPE, M=2), "sm_90", dev, tune=False).tier == "heuristic"
     few = GemvShape(1024, 4096, 128, False)
     table.write_text(json.dumps({"sm_90": {few.key(): {"config": [512, 16], "us": 1.0}}}))
-    assert plan.plan(replace(few, dtype="bfloat16"), "sm_90", dev, tune=False).tier == "heuristic"
+    p = plan.plan(replace(few, dtype="bfloat16"), "sm_90", dev, tune=False)
+    assert (p.tier, p.spec.kernel, p.spec.config, p.spec.param("BF16")) == ("table", "simt", LaunchConfig(512, 16), "true")
     assert bench.calls == []
 
 
@@ -248,9 +249,14 @@ def test_tuned_variant_round_trips_through_the_db(bench, no_table):
     assert (p.tier, p.spec.config, p.spec.variant.loads, p.spec.pdl) == ("tuned", LaunchConfig(128, 4), 8, True)
     stage1, stage2 = bench.calls
     assert stage1[0].config == tuner.heuristic(SHAPE, "sm_90", "tc", dev)  # the heuristic pick first
-    assert all(s.variant == default_variant(SHAPE, "tc", s.config) for s in stage1)
+    default = {s.config: default_variant(SHAPE, "tc", s.config) for s in stage1}
+    assert all(s.variant.streaming == default[s.config].streaming for s in stage1[::2])  # both schedules
+    assert all(s.variant.streaming != default[s.config].streaming for s in stage1[1::2])
+    assert len(stage1) == 2 * len(candidate_grid(False))
     assert all(s.config == LaunchConfig(128, 4) for s in stage2)
-    assert len(stage2) == len(variant_space(SHAPE, "tc", LaunchConfig(128, 4), "sm_90")) - 1  # the default was measured
+    winner = next(s for s in stage1 if s.config == LaunchConfig(128, 4) and s.variant == default[s.config])
+    space = variant_space(SHAPE, "tc", LaunchConfig(128, 4), "sm_90", base=winner.variant)
+    assert len(stage2) == len([v for v in space if v not in {s.variant for s in stage1 if s.config == winner.config}])
     rec = TuningDB("sm_90").get(TC_KEY, tuner.db_context("tc", "sm_90", dev))
     assert rec.config == {"BS": 128, "TN": 4, **Variant(loads=8).as_dict()} and rec.us == 0.5
     assert len(rec.candidates) == len(stage1) + len(stage2) and rec.candidates["128,4,loads=8"] == 0.5
@@ -276,9 +282,10 @@ def test_search_space_covers_every_spec_tier_4_may_measure():
     assert len(set(specs)) == len(specs) and all(s.kernel == "tc" and s.pdl for s in specs)
     grid = tuner.grid_specs(SHAPE, "sm_90", "tc", pdl=True)
     assert grid[0].config == tuner.heuristic(SHAPE, "sm_90", "tc")
-    assert [s.config for s in grid[1:]] == [c for c in candidate_grid(False) if c != grid[0].config]
-    for g in grid:
-        variants = tuner.variant_specs(SHAPE, "sm_90", "tc", g.config, pdl=True)
+    assert [s.config for s in grid[2::2]] == [c for c in candidate_grid(False) if c != grid[0].config]
+    assert {s.variant.streaming for s in grid} == {False, True}  # both schedules of every (BS, TN)
+    for g in grid:  # stage 2 flips one field around whichever stage-1 spec wins
+        variants = tuner.variant_specs(SHAPE, "sm_90", "tc", g.config, pdl=True, base=g.variant)
         assert variants[0] == g and set(variants) <= set(specs)
     assert len(plan.search_space(SHAPE, "sm_90", exhaustive=True)) > len(specs)
     simt = plan.search_space(GemvShape(1000, 2048, 64, True), "sm_90")

@@ -1,7 +1,7 @@
 // M=1 INT4 weight-only GEMV, one specialisation per (N, K, group, symmetric, BS, TN, arch):
-//   y[n] = sum_k x[k] * (q[n,k] - z[n,k/g]) * s[n,k/g]     fp32 accumulate, fp16 out
+//   y[n] = sum_k x[k] * (q[n,k] - z[n,k/g]) * s[n,k/g]     fp32 accumulate, fp16 or bf16 out
 // Layout (ONNX Runtime MatMulNBits): w uint8 [N, K/2], low nibble = even k;
-// scales fp16 [N, K/g]; zeros uint8 [N, K/g] (absent when symmetric: zero point 8).
+// scales fp16 or bf16 [N, K/g]; zeros uint8 [N, K/g] (absent when symmetric: zero point 8).
 //
 // A block of BS threads holds RG row groups of TN rows each. The KT threads of a row
 // group walk K together, one VEC-byte weight load per row per step, coalesced along
@@ -11,6 +11,8 @@ constexpr long long N = ${N};
 constexpr int K = ${K};
 constexpr int GROUP = ${GROUP};
 constexpr bool SYMMETRIC = ${SYMMETRIC};
+constexpr bool BF16 = ${BF16};           // x and y in bf16 (else fp16)
+constexpr bool SCALE_BF16 = ${SCALE_BF16};
 constexpr int BS = ${BS};
 constexpr int TN = ${TN};
 constexpr int KT = ${KT};                // threads along K in a row group
@@ -56,6 +58,17 @@ __device__ __forceinline__ dot_acc_t dot8(dot_acc_t a, u32 q, u32 zlo, u32 zhi_n
     return a;
 }
 
+// bf16 x: 8 nibbles of one word against x0..x7 (x words x0x1 .. x6x7) in fp32. The float with
+// bits 0x4B000000 | q is 2^23 + q exactly, so one subtraction of 2^23 + z gives q - z.
+__device__ __forceinline__ float dot8_bf16(float a, u32 q, float bias, const u32* xw) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float qz = bits_to_f(0x4B000000u | ((q >> (4 * i)) & 0xFu)) - bias;
+        a = fma_f32(qz, bf16_to_f((u16)(xw[i / 2] >> (16 * (i % 2)))), a);
+    }
+    return a;
+}
+
 // x words (x0x1, x2x3, x4x5, x6x7) regrouped into the nibble trick's pairs.
 __device__ __forceinline__ void pair_x(u32x4 v, u32 p[4]) {
     p[0] = (v.x & 0xFFFFu) | (v.z << 16);
@@ -63,6 +76,9 @@ __device__ __forceinline__ void pair_x(u32x4 v, u32 p[4]) {
     p[2] = (v.y & 0xFFFFu) | (v.w << 16);
     p[3] = (v.y >> 16) | (v.w & 0xFFFF0000u);
 }
+
+__device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
+__device__ __forceinline__ u16 out_h(float f) { return BF16 ? f_to_bf16(f) : f_to_h(f); }
 
 extern "C" __global__ void __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
@@ -122,7 +138,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
             if (i0 + u >= ITERS || lane + (i0 + u) * KT >= CHUNKS) continue;
             u32 xp[VEC];
 #pragma unroll
-            for (int h = 0; h < VEC / 4; ++h) {
+            for (int h = 0; h < VEC / 4 && !BF16; ++h) {
                 const u32x4 v = {xw[u][4 * h], xw[u][4 * h + 1], xw[u][4 * h + 2], xw[u][4 * h + 3]};
                 pair_x(v, xp + 4 * h);
             }
@@ -130,6 +146,12 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
             for (int r = 0; r < TN; ++r) {
 #pragma unroll
                 for (int pc = 0; pc < PIECES; ++pc) {
+                    if constexpr (BF16) {
+                        const float bias = 8388608.0f + (SYMMETRIC ? 8.0f : (float)zp[u][r][pc]);
+                        float a = dot8_bf16(0.0f, wq[u][r][2 * pc], bias, &xw[u][8 * pc]);
+                        acc[r] += dot8_bf16(a, wq[u][r][2 * pc + 1], bias, &xw[u][8 * pc + 4]) * scale_f(sc[u][r][pc]);
+                        continue;
+                    }
                     u32 zlo, zhi_neg;
                     zero_words(SYMMETRIC ? 8u : (u32)zp[u][r][pc], zlo, zhi_neg);
                     dot_acc_t a = dot_zero();
@@ -137,7 +159,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
                              xp[8 * pc + 0], xp[8 * pc + 1], xp[8 * pc + 2], xp[8 * pc + 3]);
                     a = dot8(a, wq[u][r][2 * pc + 1], zlo, zhi_neg,
                              xp[8 * pc + 4], xp[8 * pc + 5], xp[8 * pc + 6], xp[8 * pc + 7]);
-                    acc[r] += dot_finish(a) * h_to_f(sc[u][r][pc]);
+                    acc[r] += dot_finish(a) * scale_f(sc[u][r][pc]);
                 }
             }
         }
@@ -156,7 +178,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
         if (lane == 0) {
 #pragma unroll
             for (int r = 0; r < TN; ++r)
-                if (row0 + r < N) y[row0 + r] = f_to_h(acc[r]);
+                if (row0 + r < N) y[row0 + r] = out_h(acc[r]);
         }
     } else {
         constexpr int WARPS_PER_GROUP = KT > I4_WARP ? KT / I4_WARP : 1;
@@ -172,7 +194,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
 #pragma unroll
             for (int i = 0; i < WARPS_PER_GROUP; ++i) s += partial[g][i][r];
             const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + t;
-            if (row < N) y[row] = f_to_h(s);
+            if (row < N) y[row] = out_h(s);
         }
     }
 }

@@ -116,6 +116,8 @@ __device__ __forceinline__ u32 bf2_fma(u32 a, u32 b, u32 c) {
     u32 d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
 }
 __device__ __forceinline__ float bf16_to_f(u16 h) { return __uint_as_float((u32)h << 16); }
+__device__ __forceinline__ float bits_to_f(u32 v) { return __uint_as_float(v); }
+__device__ __forceinline__ float fma_f32(float a, float b, float c) { return fmaf(a, b, c); }
 // Byte permute: d.byte[i] = {b, a}.byte[sel.nibble[i]] (a is bytes 0-3).
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel)); return d;

@@ -36,6 +36,8 @@ __device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
 __device__ __forceinline__ float h_to_f(u16 h) { return (float)__builtin_bit_cast(_Float16, h); }
 __device__ __forceinline__ u16 f_to_h(float f) { return __builtin_bit_cast(u16, (_Float16)f); }
 __device__ __forceinline__ float bf16_to_f(u16 h) { return __builtin_bit_cast(float, (u32)h << 16); }
+__device__ __forceinline__ float bits_to_f(u32 v) { return __builtin_bit_cast(float, v); }
+__device__ __forceinline__ float fma_f32(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 // fp32 -> bf16, round to nearest even (finite values).
 __device__ __forceinline__ u16 f_to_bf16(float f) {
     const u32 u = __builtin_bit_cast(u32, f);
