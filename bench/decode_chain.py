@@ -236,8 +236,11 @@ def measure(torch, system, shapes, G, sym, reps) -> dict:
 def per_shape(torch, shapes, G, sym, bw) -> dict:
     """int4jit alone on each distinct shape of the chain: µs per GEMV and % of copy bandwidth,
     graph replay over enough fresh weight copies to defeat L2 (bench/suite.py's method) -- where
-    in the chain the time goes."""
+    in the chain the time goes. The same for GemvWeights (fixed weights: `us_layers`), with the
+    build each runs (`gemv`, `layers`)."""
     import int4jit
+    from int4jit import backends, plan
+    from int4jit.shapes import GemvShape
     res = {}
     for proj, N, K in dict(((N, K), (p, N, K)) for p, N, K in shapes).values():
         nbytes = int4_bytes(N, K, G, sym)
@@ -249,8 +252,14 @@ def per_shape(torch, shapes, G, sym, bw) -> dict:
                  None if sym else torch.randint(0, 16, (N, K // G), device="cuda", dtype=torch.uint8))
                 for _ in range(c)]
         us = graph_time([lambda t=t: int4jit.gemv(x, *t, out=y) for t in sets])
-        res[f"{proj} {N}x{K}"] = dict(us=us, pct_copy_bw=100 * nbytes / (us * 1e-6) / bw)
-        del sets
+        layers = [int4jit.GemvWeights(*t) for t in sets]  # fixed weights: the early build where it applies
+        us_layers = graph_time([lambda l=l: l(x, out=y) for l in layers])
+        shape = GemvShape(N, K, G, sym)
+        dev = backends.device(torch.cuda.current_device())
+        res[f"{proj} {N}x{K}"] = dict(us=us, pct_copy_bw=100 * nbytes / (us * 1e-6) / bw, us_layers=us_layers,
+                                      gemv=plan.plan(shape, dev.arch, dev).spec.label(),
+                                      layers=plan.plan(shape, dev.arch, dev, fixed_weights=True).spec.label())
+        del sets, layers
         torch.cuda.empty_cache()
     return res
 
@@ -389,8 +398,9 @@ def main():
             if "int4jit" in systems and not args.no_per_shape:
                 try:
                     row["int4jit_per_shape"] = per_shape(torch, shapes, G, sym, bw)
-                    print("  per shape: " + ", ".join(f"{k} {v['us']:.1f} µs {v['pct_copy_bw']:.0f}%"
-                                                      for k, v in row["int4jit_per_shape"].items()), flush=True)
+                    print("  per shape: " + ", ".join(
+                        f"{k} {v['us']:.1f} µs {v['pct_copy_bw']:.0f}% [{v['gemv']}] layers {v['us_layers']:.1f} µs "
+                        f"[{v['layers']}]" for k, v in row["int4jit_per_shape"].items()), flush=True)
                 except Exception as e:  # noqa: BLE001
                     row["int4jit_per_shape"] = dict(error=f"{type(e).__name__}: {e}"[:500])
                     torch.cuda.empty_cache()

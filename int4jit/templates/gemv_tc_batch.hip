@@ -4,10 +4,11 @@
 // Layout (ONNX Runtime MatMulNBits): w uint8 [N, K/2], low nibble = even k; scales [N, K/g];
 // zeros uint8 [N, K/g] (absent when symmetric: zero point 8); x [M, K]; y [M, N]. K % 32 == 0.
 //
-// A = the dequantised weights, (q - z) * s rounded once to the activation type (fp16: ~2^-11
-// relative a weight, bf16: 2^-8), rows g and g+8 of a 16-row tile; B = x, one token per lane
-// group g (tokens 8..15 in a second mma), so D accumulates all of K in fp32 with no per-group
-// scaling, and D column n is token n. Lane (g, t) reads chunk 4*step + t (16 bytes) of its rows,
+// A = rows g and g+8 of a 16-row tile: for groups of 128 and more (EXACT: a 128-element step
+// lies in one group) A = q - z, exact in fp16 and bf16, and each step's D is scaled by its rows'
+// scales into fp32 sums; for smaller groups A = (q - z) * s rounded once to the activation type
+// (fp16: ~2^-11 relative a weight, bf16: 2^-8) and D accumulates all of K. B = x, one token per
+// lane group g (tokens 8..15 in a second mma); D column n is token n. Lane (g, t) reads chunk 4*step + t (16 bytes) of its rows,
 // and the same chunk of token g's x, paired as the nibbles are: (k0,k4) (k1,k5) (k2,k6) (k3,k7).
 // The warps of a block split K by interleaved steps of 128 elements; their sums meet in shared
 // memory.
@@ -31,6 +32,7 @@ constexpr int NG = K / GROUP;
 constexpr long long ROW_BYTES = K / 2;
 constexpr int SEGS = GROUP == 16 ? 2 : 1;  // groups per 32-element chunk
 constexpr int SEG_WORDS = 4 / SEGS;        // 8-nibble words per group segment
+constexpr bool EXACT = GROUP >= 128;       // A = q - z; scales applied to each step's D
 
 static_assert(K % 32 == 0, "whole 16-byte loads");
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
@@ -53,22 +55,24 @@ __device__ __forceinline__ u32 scale_pair(u16 s) {
 // One 8-nibble word of a row -> its four A pairs (k0,k4) (k1,k5) (k2,k6) (k3,k7) = (q - z) * s.
 // fp16: OR-ing a nibble into 1024's mantissa makes 1024 + q (1024 + 16q for the high nibble,
 // scaled by 1/16 in the same FMA); bf16 (7 mantissa bits): 128 + q, the high nibble shifted down.
+// EXACT: (q - z) alone (s2 unused).
+__device__ __forceinline__ u32 scaled(u32 a, u32 s2) { return EXACT ? a : pair_mul(a, s2); }
 __device__ __forceinline__ void dequant_word(u32 (&a)[4], u32 q, u32 z, u32 s2) {
     if constexpr (BF16) {
         const u32 zb = (0x4300u | z) * 0x00010001u;  // 128 + z
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const u32 nib = (q >> (4 * i)) & 0x000F000Fu;  // i = 0: (k0,k4); 1: (k1,k5); 2: (k2,k6); 3: (k3,k7)
-            a[i] = pair_mul(pair_sub(nib | 0x43004300u, zb), s2);
+            a[i] = scaled(pair_sub(nib | 0x43004300u, zb), s2);
         }
     } else {
         const u32 zlo = (0x6400u | z) * 0x00010001u;            // 1024 + z
         const u32 zhi_neg = (0xD400u + (z << 4)) * 0x00010001u;  // -(64 + z)
         const u32 q2 = q >> 8;
-        a[0] = pair_mul(h2_sub((q & 0x000F000Fu) | 0x64006400u, zlo), s2);
-        a[1] = pair_mul(h2_fma((q & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, zhi_neg), s2);
-        a[2] = pair_mul(h2_sub((q2 & 0x000F000Fu) | 0x64006400u, zlo), s2);
-        a[3] = pair_mul(h2_fma((q2 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, zhi_neg), s2);
+        a[0] = scaled(h2_sub((q & 0x000F000Fu) | 0x64006400u, zlo), s2);
+        a[1] = scaled(h2_fma((q & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, zhi_neg), s2);
+        a[2] = scaled(h2_sub((q2 & 0x000F000Fu) | 0x64006400u, zlo), s2);
+        a[3] = scaled(h2_fma((q2 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, zhi_neg), s2);
     }
 }
 
@@ -130,6 +134,11 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
             if (step >= STEPS) break;
             // Lanes past the last chunk of a partial step give B = 0 (their A is a re-read).
             const bool live = c < CHUNKS;
+            float ds[EXACT ? TW : 1][EXACT ? NT : 1][4];  // EXACT: this step's D, scaled below
+#pragma unroll
+            for (int tw = 0; tw < (EXACT ? TW : 0); ++tw)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) ds[tw][nt][0] = ds[tw][nt][1] = ds[tw][nt][2] = ds[tw][nt][3] = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 u32 b[4][4];
@@ -144,10 +153,22 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
                         dequant_word(a8, wq[u][tw][1][j], zp[u][tw][1][seg], scale_pair(sc[u][tw][1][seg]));
                         // A fragment: rows g (a) and g + 8 (a8), pairs (k0,k4) (k1,k5), then (k2,k6) (k3,k7).
                         const u32 first[4] = {a[0], a8[0], a[1], a8[1]}, second[4] = {a[2], a8[2], a[3], a8[3]};
-                        mma(d[tw][nt], first, b[j][0], b[j][1]);
-                        mma(d[tw][nt], second, b[j][2], b[j][3]);
+                        float (&acc)[4] = EXACT ? ds[EXACT ? tw : 0][EXACT ? nt : 0] : d[tw][nt];
+                        mma(acc, first, b[j][0], b[j][1]);
+                        mma(acc, second, b[j][2], b[j][3]);
                     }
                 }
+            }
+            if constexpr (EXACT) {  // D elements e: rows g (e < 2) and g + 8, each by its row's scale
+#pragma unroll
+                for (int tw = 0; tw < TW; ++tw)
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const u16 sv = sc[u][tw][e >> 1][0];
+                            d[tw][nt][e] = fmaf(ds[tw][nt][e], SCALE_BF16 ? bf16_to_f(sv) : h_to_f(sv), d[tw][nt][e]);
+                        }
             }
         }
     }
