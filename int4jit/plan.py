@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from . import backends, tuner
 from .env import CHOICES, env_choice, env_flag, env_lookup
 from .shapes import GemvShape, LaunchConfig
-from .spec import KernelSpec, arch_number, choose_kernel, make_spec
+from .spec import KernelSpec, Variant, arch_number, choose_kernel, make_spec
 
 KERNEL_CHOICES = CHOICES["INT4JIT_KERNEL"]
 # The variables a plan depends on (read by read_env); callers that memoise plans key on them.
@@ -69,8 +69,20 @@ def target(shape: GemvShape, arch: str, device=None, env: PlanEnv | None = None)
     return arch, kernel, pdl
 
 
-# Groups for which fixed weights launch early (measured: the Llama-3-8B g128 chain 1375 -> 1279 us).
+# Fixed weights launch early at groups of 128 and more, on builds that keep at most 4 loads and
+# TN <= 4 rows a lane in flight. Measured on the H200 (decode_chain per-shape graphs, GemvWeights
+# against gemv): 4096x4096 (512,2) 5.0 -> 4.4 us, 6144x4096 (256,2) 6.1 -> 5.7, 12288x4096 (256,4)
+# 9.3 -> 8.6; but builds with 8 loads or TN = 8, whose first batch waits longer on more registers
+# beside the previous grid, lose: 37888x3584 (128,8) 20.6 -> 27.5, 152064x3584 (128,8,loads=8)
+# 82.0 -> 97.7, 4096x11008 (256,2,loads=8) 9.4 -> 12.3.
 EARLY_MIN_GROUP = 128
+EARLY_MAX_TN = 4
+
+
+def early_applies(shape: GemvShape, kernel: str, config: LaunchConfig, variant: Variant) -> bool:
+    """Whether a fixed-weights call launches the early twin of this build."""
+    return (kernel == "tc" and shape.group >= EARLY_MIN_GROUP and config.TN <= EARLY_MAX_TN
+            and variant.loads == 4)
 
 
 def plan(shape: GemvShape, arch: str, device=None, *, env: PlanEnv | None = None, config=None,
@@ -88,7 +100,7 @@ def plan(shape: GemvShape, arch: str, device=None, *, env: PlanEnv | None = None
                        tune=tune and env.tune, table=env.kernel == "auto", pdl=pdl)
     variant = sel.variant
     if sel.tier != "override":
-        variant = replace(variant, early=fixed_weights and kernel == "tc" and shape.group >= EARLY_MIN_GROUP)
+        variant = replace(variant, early=fixed_weights and early_applies(shape, kernel, sel.config, variant))
     spec = make_spec(shape, arch, kernel, sel.config, variant, pdl, device.sm_count if device is not None else None)
     return Plan(spec, sel.tier, sel.reason + (", early (fixed weights)" if spec.variant.early else ""))
 
@@ -99,7 +111,7 @@ def search_space(shape: GemvShape, arch: str, env: PlanEnv | None = None, exhaus
     env = env or read_env()
     arch, kernel, pdl = target(shape, arch, None, env)
     specs = tuner.search_space(shape, arch, kernel, None, env.exhaustive if exhaustive is None else exhaustive, pdl)
-    if kernel == "tc" and shape.group >= EARLY_MIN_GROUP:
-        early = (make_spec(shape, arch, kernel, s.config, replace(s.variant, early=True), pdl) for s in specs)
-        specs += [s for s in dict.fromkeys(early) if s.variant.early and s not in specs]
+    early = (make_spec(shape, arch, kernel, s.config, replace(s.variant, early=True), pdl) for s in specs
+             if early_applies(shape, kernel, s.config, s.variant))
+    specs += [s for s in dict.fromkeys(early) if s.variant.early and s not in specs]
     return specs

@@ -53,9 +53,7 @@ def _decode_logits(model, ids):
     return step.logits.float()
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.xfail(
-    strict=False, reason="bf16 logits vs the float32-weight model: 6.7e-3 on the H200 (session 10, bar 5e-3); still "
-    "xfail after the native bf16 tc kernel (session 11): the 12-token prompt runs tc_batch (A rounded to bf16)"))])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_on_int4jit_kernels_matches_dequantised_model(dtype):
     model = _model(dtype)
     quantize_model(model, group_size=128, skip=["lm_head"])

@@ -564,9 +564,9 @@ def test_bench_buffers_rotate_enough_distinct_copies(shape):
 
 def test_fixed_weights_launch_early_at_g128_with_pdl(monkeypatch):
     """GemvWeights / Int4Linear plan with fixed_weights: the tc kernel loads its first weights
-    before the grid-dependency wait (early, which streams) at g >= 128 with PDL; a raw gemv call,
-    g32, INT4JIT_PDL=0 and the simt kernel do not; an override decides for itself; pre-warming
-    compiles both builds."""
+    before the grid-dependency wait (early, which streams) at g >= 128 with PDL, on builds of TN <= 4
+    and 4 loads; a raw gemv call, g32, TN = 8, 8 loads, INT4JIT_PDL=0 and the simt kernel do not;
+    an override decides for itself; pre-warming compiles exactly the early twins that can launch."""
     from dataclasses import replace
     g128, g32 = GemvShape(4096, 4096, 128, False), GemvShape(4096, 4096, 32, False)
     fixed = plan.plan(g128, "sm_90", None, fixed_weights=True)
@@ -581,8 +581,14 @@ def test_fixed_weights_launch_early_at_g128_with_pdl(monkeypatch):
     monkeypatch.setenv("INT4JIT_PDL", "0")
     assert not plan.plan(g128, "sm_90", None, fixed_weights=True).spec.variant.early
     monkeypatch.delenv("INT4JIT_PDL")
+    assert plan.early_applies(g128, "tc", LaunchConfig(256, 4), Variant())
+    assert not plan.early_applies(g128, "tc", LaunchConfig(128, 8), Variant())
+    assert not plan.early_applies(g128, "tc", LaunchConfig(256, 2), Variant(loads=8))
+    assert not plan.early_applies(g32, "tc", LaunchConfig(256, 2), Variant())
+    assert not plan.early_applies(g128, "simt", LaunchConfig(256, 2), Variant())
     space = plan.search_space(g128, "sm_90")
     plain = [s for s in space if not s.variant.early]
-    twins = {make_spec(g128, "sm_90", "tc", s.config, replace(s.variant, early=True), True) for s in plain}
-    assert plain and twins <= set(space)
+    twins = {make_spec(g128, "sm_90", "tc", s.config, replace(s.variant, early=True), True) for s in plain
+             if s.config.TN <= 4 and s.variant.loads == 4}
+    assert plain and twins and twins <= set(space) and len(space) == len(plain) + len(twins)
     assert not any(s.variant.early for s in plan.search_space(g32, "sm_90"))
