@@ -52,7 +52,8 @@ class Variant:
     early      PDL chains: the next kernel may launch at this one's start, and the first batch of
                weights is loaded before waiting for the previous kernel (x after it); implies
                streaming. Not searched: the plan sets it for fixed weights (GemvWeights,
-               Int4Linear) at g >= 128, and an override may name it.
+               Int4Linear) where plan.early_applies (g >= 128, TN <= 4, 4 loads), and an
+               override may name it.
     """
     streaming: bool = False
     raw_a: bool = False
@@ -277,6 +278,11 @@ def _cpp(b: bool) -> str:
     return "true" if b else "false"
 
 
+def _dtype_params(shape: GemvShape) -> tuple:
+    """The activation and scale types, as every GEMV template takes them."""
+    return ("BF16", _cpp(shape.dtype == "bfloat16")), ("SCALE_BF16", _cpp(shape.scale_dtype == "bfloat16"))
+
+
 def _simt_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool) -> KernelSpec:
     """gemv.hip: KT threads along K; each keeps at most 8 weight loads (TN rows x UNROLL
     steps) in flight."""
@@ -288,8 +294,7 @@ def _simt_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool) -> Ker
     rows_per_block = (cfg.BS // kt) * cfg.TN
     return KernelSpec(
         shape, arch, "simt", cfg, SIMT_VARIANT,
-        (("KT", kt), ("VEC", vec), ("UNROLL", unroll), ("BF16", _cpp(shape.dtype == "bfloat16")),
-         ("SCALE_BF16", _cpp(shape.scale_dtype == "bfloat16"))),
+        (("KT", kt), ("VEC", vec), ("UNROLL", unroll), *_dtype_params(shape)),
         _ceil(shape.N, rows_per_block), cfg.BS, pdl,
         rows_per_block=rows_per_block, k_efficiency=chunks / (kt * iters),
         inflight_bytes=cfg.TN * unroll * vec, thread_bytes=cfg.TN * iters * vec,
@@ -317,8 +322,7 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
     xsmem = v.streaming and shape.M == 1 and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
     grid = kc * _ceil(shape.N, rows_per_block)
     min_blocks = _ceil(grid, sm_count) if v.one_wave and _ceil(grid, sm_count) <= 32 else 0
-    params = (("M", shape.M), ("BF16", _cpp(shape.dtype == "bfloat16")),
-              ("SCALE_BF16", _cpp(shape.scale_dtype == "bfloat16")),
+    params = (("M", shape.M), *_dtype_params(shape),
               ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", _cpp(shape.group < 128)),
               ("STREAMING", _cpp(v.streaming)), ("XSMEM", _cpp(xsmem)), ("RAW_A", _cpp(v.raw_a)),
               ("KCLUSTER", kc), ("PREFETCH", v.prefetch), ("EARLY", _cpp(v.early)),
@@ -343,8 +347,7 @@ def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool, lo
     unroll = max(1, min(loads // (2 * tw), per_warp))
     if unroll == max(1, min(4 // (2 * tw), per_warp)):
         loads = 4  # the same build as the default: one key, measured once
-    params = (("M", shape.M), ("BF16", _cpp(shape.dtype == "bfloat16")),
-              ("SCALE_BF16", _cpp(shape.scale_dtype == "bfloat16")), ("KSPLIT", ksplit), ("TW", tw),
+    params = (("M", shape.M), *_dtype_params(shape), ("KSPLIT", ksplit), ("TW", tw),
               ("UNROLL", unroll))
     return KernelSpec(
         shape, arch, "tc_batch", cfg, replace(SIMT_VARIANT, loads=loads), params, _ceil(shape.N, rows_per_block), 32 * ksplit, pdl,
