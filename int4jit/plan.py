@@ -6,12 +6,12 @@ the CLI all take the spec from here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from . import backends, tuner
 from .env import CHOICES, env_choice, env_flag, env_lookup
 from .shapes import GemvShape, LaunchConfig
-from .spec import KernelSpec, Variant, arch_number, choose_kernel, make_spec
+from .spec import KernelSpec, arch_number, choose_kernel, make_spec
 
 KERNEL_CHOICES = CHOICES["INT4JIT_KERNEL"]
 # The variables a plan depends on (read by read_env); callers that memoise plans key on them.
@@ -69,49 +69,30 @@ def target(shape: GemvShape, arch: str, device=None, env: PlanEnv | None = None)
     return arch, kernel, pdl
 
 
-# Fixed weights launch early at groups of 128 and more, on builds that keep at most 4 loads and
-# TN <= 4 rows a lane in flight. Measured on the H200 (decode_chain per-shape graphs, GemvWeights
-# against gemv): 4096x4096 (512,2) 5.0 -> 4.4 us, 6144x4096 (256,2) 6.1 -> 5.7, 12288x4096 (256,4)
-# 9.3 -> 8.6; but builds with 8 loads or TN = 8, whose first batch waits longer on more registers
-# beside the previous grid, lose: 37888x3584 (128,8) 20.6 -> 27.5, 152064x3584 (128,8,loads=8)
-# 82.0 -> 97.7, 4096x11008 (256,2,loads=8) 9.4 -> 12.3.
-EARLY_MIN_GROUP = 128
-EARLY_MAX_TN = 4
-
-
-def early_applies(shape: GemvShape, kernel: str, config: LaunchConfig, variant: Variant) -> bool:
-    """Whether a fixed-weights call launches the early twin of this build."""
-    return (kernel == "tc" and shape.group >= EARLY_MIN_GROUP and config.TN <= EARLY_MAX_TN
-            and variant.loads == 4)
-
-
 def plan(shape: GemvShape, arch: str, device=None, *, env: PlanEnv | None = None, config=None,
          tune: bool = True, exhaustive: bool | None = None, fixed_weights: bool = False) -> Plan:
     """The spec for one problem on `arch`. `device` (optional) lets tier 4 benchmark and gives the
     SM count; tune=False keeps benchmarking off (e.g. while a stream is being captured).
     fixed_weights: the caller guarantees no kernel writes the weights while they are in use
     (GemvWeights, Int4Linear), so with PDL the tc kernel may load its first weights before
-    waiting for the previous kernel (the `early` variant; an override decides for itself)."""
+    waiting for the previous kernel (the `early` twin, where the tuner measures or rules it
+    faster; an override decides for itself)."""
     env = env or read_env()
     arch, kernel, pdl = target(shape, arch, device, env)
     override = config_override(config) or env.override
     sel = tuner.select(shape, arch, kernel, device=device, override=override,
                        exhaustive=env.exhaustive if exhaustive is None else exhaustive,
-                       tune=tune and env.tune, table=env.kernel == "auto", pdl=pdl)
-    variant = sel.variant
-    if sel.tier != "override":
-        variant = replace(variant, early=fixed_weights and early_applies(shape, kernel, sel.config, variant))
-    spec = make_spec(shape, arch, kernel, sel.config, variant, pdl, device.sm_count if device is not None else None)
-    return Plan(spec, sel.tier, sel.reason + (", early (fixed weights)" if spec.variant.early else ""))
+                       tune=tune and env.tune, table=env.kernel == "auto", pdl=pdl, fixed_weights=fixed_weights)
+    spec = make_spec(shape, arch, kernel, sel.config, sel.variant, pdl, device.sm_count if device is not None else None)
+    return Plan(spec, sel.tier, sel.reason)
 
 
 def search_space(shape: GemvShape, arch: str, env: PlanEnv | None = None, exhaustive: bool | None = None):
-    """Every spec tier 4 may measure for this shape on `arch`, and the early twin of each that a
-    fixed-weights call would launch instead (what pre-warming compiles)."""
+    """Every spec tier 4 may measure for this shape on `arch`, and the early twin of each (which a
+    fixed-weights call measures against its pick): what pre-warming compiles."""
     env = env or read_env()
     arch, kernel, pdl = target(shape, arch, None, env)
     specs = tuner.search_space(shape, arch, kernel, None, env.exhaustive if exhaustive is None else exhaustive, pdl)
-    early = (make_spec(shape, arch, kernel, s.config, replace(s.variant, early=True), pdl) for s in specs
-             if early_applies(shape, kernel, s.config, s.variant))
-    specs += [s for s in dict.fromkeys(early) if s.variant.early and s not in specs]
-    return specs
+    twins = (tuner.early_twin(shape, arch, kernel, s.config, s.variant, pdl) for s in specs)
+    early = [make_spec(shape, arch, kernel, s.config, v, pdl) for s, v in zip(specs, twins) if v is not None]
+    return list(dict.fromkeys(specs + early))

@@ -51,9 +51,9 @@ class Variant:
     prefetch   batches of weights asked into L2 before waiting for the previous kernel (0-2)
     early      PDL chains: the next kernel may launch at this one's start, and the first batch of
                weights is loaded before waiting for the previous kernel (x after it); implies
-               streaming. Not searched: the plan sets it for fixed weights (GemvWeights,
-               Int4Linear) where plan.early_applies (g >= 128, TN <= 4, 4 loads), and an
-               override may name it.
+               streaming. Only for fixed weights (GemvWeights, Int4Linear): the tuner measures
+               the pick against its early twin (tuner.early_twin), or applies a measured rule
+               where it measures nothing; an override may name it.
     """
     streaming: bool = False
     raw_a: bool = False

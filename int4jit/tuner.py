@@ -3,6 +3,8 @@
   2. this machine's tuning DB        3. the shipped table.json
   4. autotune: the (BS, TN) grid at the default variant, heuristic pick first, then the variant
      space at the winner (INT4JIT_TUNE=0: the heuristic alone)
+Fixed weights (GemvWeights, Int4Linear) may launch the selection's early twin: measured against
+it where the selection was measured here (tiers 2 and 4), by a measured rule elsewhere.
 ORT_MIGRAPHX_EXHAUSTIVE_TUNE=1 searches the 20-point grid and more variants even where tiers 2-3
 have a row."""
 from __future__ import annotations
@@ -20,8 +22,8 @@ from .backends import module_for_arch
 from .cache import warn_write_failure
 from .errors import Int4JitError
 from .shapes import GemvShape, LaunchConfig, candidate_grid
-from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, KernelSpec, Variant, default_variant, schedules, make_spec,
-                   template_hash, variant_from, variant_space)
+from .spec import (DEFAULT_TARGET, KNOWN_TARGETS, KernelSpec, Variant, default_variant, make_spec,
+                   normalise_variant, schedules, template_hash, variant_from, variant_space)
 from .trace import trace
 from .tuning_db import TuningDB, TuningRecord
 
@@ -208,10 +210,14 @@ def db_context(kernel: str, arch: str, device=None) -> dict[str, str]:
 
 
 def select(shape: GemvShape, arch: str, kernel: str, *, device=None, override=None, exhaustive=False,
-           tune=True, table=True, pdl=False) -> Selection:
+           tune=True, table=True, pdl=False, fixed_weights=False) -> Selection:
     """Walk the four tiers. Without a device (compile-only, or a stream being captured) tier 4
-    is the heuristic. `override` is (var, value) of the override variable, or an Override."""
+    is the heuristic. `override` is (var, value) of the override variable, or an Override.
+    fixed_weights: no kernel writes the weights while they are in use, so the early twin may
+    launch instead (an override decides for itself)."""
     sel = _select(shape, arch, kernel, device, override, exhaustive, tune, table, pdl)
+    if fixed_weights and sel.tier != "override":
+        sel = _fixed_weights(sel, shape, arch, kernel, device, tune, pdl)
     trace("%s on %s (%s kernel): %s%s from tier %s (%s)", shape.key(), arch, kernel, sel.config,
           "," + sel.variant.text() if kernel == "tc" and sel.variant.text() else "", sel.tier, sel.reason)
     return sel
@@ -253,6 +259,74 @@ def _select(shape, arch, kernel, device, override, exhaustive, tune, table, pdl)
                      f"benchmarked {len(rec.candidates)} candidates, {rec.us:.2f} us")
 
 
+# -- fixed weights: the early twin --------------------------------------------------------
+# Where no measurement of the twin exists (table, heuristic), fixed weights launch early at groups
+# of 128 and more on builds that keep at most 4 loads and TN <= 4 rows a lane in flight. Measured
+# on the H200 (decode_chain per-shape graphs, GemvWeights against gemv): 4096x4096 (512,2)
+# 5.0 -> 4.4 us, 6144x4096 (256,2) 6.1 -> 5.7, 12288x4096 (256,4) 9.3 -> 8.6; builds with 8 loads
+# or TN = 8, whose first batch waits longer on more registers beside the previous grid, lose:
+# 37888x3584 (128,8) 20.6 -> 27.5, 152064x3584 (128,8,loads=8) 82.0 -> 97.7.
+EARLY_MIN_GROUP = 128
+EARLY_MAX_TN = 4
+FIXED_WEIGHTS_KEY = "fixed-weights"   # suffix of the DB key whose record says early or not
+
+
+def early_twin(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, variant: Variant,
+               pdl: bool) -> Variant | None:
+    """The variant a fixed-weights call may launch instead of `variant` (early, which streams), or
+    None where early cannot apply (not the tc kernel, no PDL, before sm_90)."""
+    if kernel != "tc":
+        return None
+    twin = normalise_variant(shape, config, arch, replace(variant, early=True), pdl)
+    return twin if twin.early and twin != variant else None
+
+
+def early_by_rule(shape: GemvShape, config: LaunchConfig, variant: Variant) -> bool:
+    """The measured rule, for selections made without measuring (see EARLY_MIN_GROUP)."""
+    return shape.group >= EARLY_MIN_GROUP and config.TN <= EARLY_MAX_TN and variant.loads == 4
+
+
+def _fixed_weights(sel: Selection, shape, arch, kernel, device, tune, pdl) -> Selection:
+    """The selection a fixed-weights call launches: `sel` or its early twin."""
+    twin = early_twin(shape, arch, kernel, sel.config, sel.variant, pdl)
+    if twin is None:
+        return sel
+    if sel.tier not in ("db", "tuned") or device is None or not tune:
+        if not early_by_rule(shape, sel.config, sel.variant):
+            return sel
+        return replace(sel, variant=twin, reason=sel.reason + ", early (fixed weights, by rule)")
+    rec = _early_record(sel, twin, shape, arch, kernel, device, pdl)
+    if rec is None or not rec.config.get("early"):
+        return replace(sel, reason=sel.reason + ", early twin measured slower" if rec else sel.reason)
+    return replace(sel, variant=twin, reason=sel.reason + f", early (fixed weights): measured {rec.us:.2f} us")
+
+
+def _early_record(sel: Selection, twin: Variant, shape, arch, kernel, device, pdl) -> TuningRecord | None:
+    """The DB record of `sel` against its early twin, measured now where it is absent or was
+    measured against another pick (None where both failed to run)."""
+    db = TuningDB(arch)
+    key, context = f"{db_key(shape, kernel)}/{FIXED_WEIGHTS_KEY}", db_context(kernel, arch, device)
+    specs = [make_spec(shape, arch, kernel, sel.config, v, pdl, device.sm_count) for v in (sel.variant, twin)]
+    rec = db.get(key, context)
+    if rec is not None and specs[0].label() in rec.candidates:
+        return rec
+    from .benchmark import measure
+
+    times = measure(device, specs)
+    ok = {s: t for s, t in times.items() if t is not None}
+    if not ok:
+        return None
+    best = min(ok, key=ok.get)
+    rec = TuningRecord(config={"BS": best.config.BS, "TN": best.config.TN, **best.variant.as_dict()}, us=ok[best],
+                       candidates={s.label(): t for s, t in times.items()}, context=context, date=_now())
+    trace("fixed weights %s: %s", shape.key(), ", ".join(f"{s.label()} {t} us" for s, t in times.items()))
+    try:
+        db.put(key, rec)
+    except (OSError, TimeoutError) as e:  # filelock's Timeout is a TimeoutError
+        warn_write_failure(db.path, e)
+    return rec
+
+
 # -- tier 4: the search -----------------------------------------------------------------
 def grid_specs(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive=False, pdl=False) -> list[KernelSpec]:
     """Stage 1 of the search: every (BS, TN) of the grid under each schedule (the tc kernel's
@@ -282,6 +356,10 @@ def search_space(shape: GemvShape, arch: str, kernel: str, device=None, exhausti
     return list(out)
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def autotune(shape: GemvShape, kernel: str, device, exhaustive: bool = False, pdl: bool = False):
     """Benchmark stage 1, then stage 2 at its winner; -> (TuningRecord, winning spec)."""
     from .benchmark import measure  # the harness compiles and launches: only tier 4 needs it
@@ -303,6 +381,5 @@ def autotune(shape: GemvShape, kernel: str, device, exhaustive: bool = False, pd
           len(times), len(stage1), len(stage2), best.label(), ok[best])
     rec = TuningRecord(config={"BS": best.config.BS, "TN": best.config.TN, **best.variant.as_dict()},
                        us=ok[best], candidates={s.label(): t for s, t in times.items()}, context={},
-                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       exhaustive=exhaustive)
+                       date=_now(), exhaustive=exhaustive)
     return rec, best

@@ -177,7 +177,7 @@ def test_mismatched_device_mix_rejected_before_launch():
 
 
 VARIANTS = ["", "streaming=1", "streaming=1,raw_a=1", "kcluster=2", "one_wave=1", "loads=8", "prefetch=0",
-            "prefetch=2", "streaming=1,kcluster=2,loads=8", "early=1", "early=1,raw_a=1,loads=8"]
+            "prefetch=2", "streaming=1,kcluster=2,loads=8", "early=1", "early=1,raw_a=1,loads=8", "early=1,kcluster=2"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -314,15 +314,15 @@ def test_large_problems(N, K, group):
 
 
 CHAIN_CONFIGS = ["", "*=256,2,streaming=1,prefetch=1", "*=256,2,early=1", "*=128,4,early=1,prefetch=1",
-                 "*=512,4,early=1,loads=8"]
+                 "*=512,4,early=1,loads=8", "*=256,2,early=1,kcluster=2"]
 
 
-def chain_problems(rng, dims):
-    """Random g128 problems for a chain (layer i: K = dims[i], N = dims[i + 1]) whose scales are
+def chain_problems(rng, dims, group=128):
+    """Random problems for a chain (layer i: K = dims[i], N = dims[i + 1]) whose scales are
     shrunk so a layer keeps |y| near |x|: seven raw random layers grow past fp16's range."""
     out = []
     for K, N in zip(dims[:-1], dims[1:]):
-        x, w, s, z = random_problem(rng, N, K, 128, False)
+        x, w, s, z = random_problem(rng, N, K, group, False)
         y = int4jit.reference_gemv(x, w, s, z)
         gain = np.linalg.norm(y) / np.sqrt(N) / (np.linalg.norm(x.astype(np.float64)) / np.sqrt(K))
         out.append((w, (s.astype(np.float64) / gain).astype(np.float16), z))
@@ -368,18 +368,19 @@ def test_chain_of_pdl_launches_equals_per_call_results(config, monkeypatch):
         assert t.equal(o, e)
 
 
+@pytest.mark.parametrize("group", [128, 32])
 @pytest.mark.parametrize("config", CHAIN_CONFIGS + ["layers"])
-def test_pdl_chain_through_two_buffers(config, monkeypatch):
+def test_pdl_chain_through_two_buffers(config, group, monkeypatch):
     """The chain through two ping-pong buffers, after a torch copy writes x: each GEMV overwrites
     the buffer its predecessor read (a write after read across the PDL overlap) and reads what its
     predecessor wrote. The graph's last output equals the per-call chain's, bit for bit.
-    'layers': GemvWeights calls (fixed weights: the early build at g128)."""
+    'layers': GemvWeights calls (fixed weights: the early build where it is measured or ruled faster)."""
     if config and config != "layers":
         monkeypatch.setenv("INT4JIT_CONFIG", config)
     t = _torch()
     rng = np.random.default_rng()
     dims = [4096, 14336, 4096, 6144, 4096, 4096, 2048, 4096]
-    layers = [tuple(t.from_numpy(a).cuda() for a in host) for host in chain_problems(rng, dims)]
+    layers = [tuple(t.from_numpy(a).cuda() for a in host) for host in chain_problems(rng, dims, group)]
     x0 = t.from_numpy(rng.standard_normal(dims[0]).astype(np.float16) * 0.1).cuda()
     bufs = [t.empty(max(dims), dtype=t.float16, device="cuda") for _ in range(2)]
 

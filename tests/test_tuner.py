@@ -562,15 +562,17 @@ def test_bench_buffers_rotate_enough_distinct_copies(shape):
     assert sorted(dev.freed) == sorted(dev.allocs)  # nothing leaked, nothing freed twice
 
 
-def test_fixed_weights_launch_early_at_g128_with_pdl(monkeypatch):
-    """GemvWeights / Int4Linear plan with fixed_weights: the tc kernel loads its first weights
-    before the grid-dependency wait (early, which streams) at g >= 128 with PDL, on builds of TN <= 4
-    and 4 loads; a raw gemv call, g32, TN = 8, 8 loads, INT4JIT_PDL=0 and the simt kernel do not;
-    an override decides for itself; pre-warming compiles exactly the early twins that can launch."""
+def test_fixed_weights_without_a_measurement_launch_early_by_rule(monkeypatch):
+    """GemvWeights / Int4Linear plan with fixed_weights: where nothing measured the early twin
+    (no device: table or heuristic picks), the tc kernel loads its first weights before the
+    grid-dependency wait (early, which streams) at g >= 128 with PDL, on builds of TN <= 4 and 4
+    loads; a raw gemv call, g32, TN = 8, 8 loads, INT4JIT_PDL=0 and the simt kernel do not; an
+    override decides for itself; pre-warming compiles the early twin of every candidate."""
     from dataclasses import replace
     g128, g32 = GemvShape(4096, 4096, 128, False), GemvShape(4096, 4096, 32, False)
     fixed = plan.plan(g128, "sm_90", None, fixed_weights=True)
     assert fixed.spec.variant.early and fixed.spec.variant.streaming and fixed.spec.param("EARLY") == "true"
+    assert "by rule" in fixed.reason
     raw = plan.plan(g128, "sm_90", None)
     assert not raw.spec.variant.early and fixed.spec.config == raw.spec.config and fixed.spec.key() != raw.spec.key()
     assert not plan.plan(g32, "sm_90", None, fixed_weights=True).spec.variant.early
@@ -580,15 +582,52 @@ def test_fixed_weights_launch_early_at_g128_with_pdl(monkeypatch):
     assert not plan.plan(g128, "sm_90", None, config="256,2", fixed_weights=True).spec.variant.early
     monkeypatch.setenv("INT4JIT_PDL", "0")
     assert not plan.plan(g128, "sm_90", None, fixed_weights=True).spec.variant.early
+    assert tuner.early_twin(g128, "sm_90", "tc", LaunchConfig(256, 2), Variant(), pdl=False) is None
     monkeypatch.delenv("INT4JIT_PDL")
-    assert plan.early_applies(g128, "tc", LaunchConfig(256, 4), Variant())
-    assert not plan.early_applies(g128, "tc", LaunchConfig(128, 8), Variant())
-    assert not plan.early_applies(g128, "tc", LaunchConfig(256, 2), Variant(loads=8))
-    assert not plan.early_applies(g32, "tc", LaunchConfig(256, 2), Variant())
-    assert not plan.early_applies(g128, "simt", LaunchConfig(256, 2), Variant())
-    space = plan.search_space(g128, "sm_90")
-    plain = [s for s in space if not s.variant.early]
-    twins = {make_spec(g128, "sm_90", "tc", s.config, replace(s.variant, early=True), True) for s in plain
-             if s.config.TN <= 4 and s.variant.loads == 4}
-    assert plain and twins and twins <= set(space) and len(space) == len(plain) + len(twins)
-    assert not any(s.variant.early for s in plan.search_space(g32, "sm_90"))
+    assert tuner.early_by_rule(g128, LaunchConfig(256, 4), Variant())
+    assert not tuner.early_by_rule(g128, LaunchConfig(128, 8), Variant())
+    assert not tuner.early_by_rule(g128, LaunchConfig(256, 2), Variant(loads=8))
+    assert not tuner.early_by_rule(g32, LaunchConfig(256, 2), Variant())
+    assert tuner.early_twin(g128, "sm_90", "simt", LaunchConfig(256, 2), Variant(), pdl=True) is None
+    assert tuner.early_twin(g128, "sm_80", "tc", LaunchConfig(256, 2), Variant(), pdl=True) is None
+    assert tuner.early_twin(g128, "sm_90", "tc", LaunchConfig(256, 2), Variant(), True) == Variant(streaming=True, early=True)
+    for shape in (g128, g32):
+        space = plan.search_space(shape, "sm_90")
+        plain = [s for s in space if not s.variant.early]
+        twins = {make_spec(shape, "sm_90", "tc", s.config, replace(s.variant, early=True), True) for s in plain}
+        assert plain and twins <= set(space) and set(space) == set(plain) | twins
+    assert not any(s.variant.early for s in plan.search_space(GemvShape(1024, 4096, 128, False), "sm_90"))
+
+
+def test_fixed_weights_measure_the_early_twin_of_a_measured_pick(bench, no_table):
+    """Where this machine measured the pick (tiers 2 and 4), a fixed-weights plan measures it
+    against its early twin once, keeps the faster in the DB under its own key, and measures again
+    only when the pick changes; the rule does not decide (here it would say the opposite)."""
+    dev = FakeDevice()
+    shape = GemvShape(12288, 4096, 128, False)
+    db = TuningDB("sm_90")
+    db.put(tuner.db_key(shape, "tc"), _record(LaunchConfig(128, 8), streaming=True))  # TN = 8: the rule says no
+    bench.best, bench.variant = LaunchConfig(128, 8), Variant(streaming=True, early=True)
+    p = plan.plan(shape, "sm_90", dev, fixed_weights=True)
+    assert p.tier == "db" and p.spec.variant == Variant(streaming=True, early=True) and "measured" in p.reason
+    assert [(s.config, s.variant) for s in bench.calls[-1]] == [(LaunchConfig(128, 8), Variant(streaming=True)),
+                                                                (LaunchConfig(128, 8), Variant(streaming=True, early=True))]
+    rec = db.get(f"{tuner.db_key(shape, 'tc')}/{tuner.FIXED_WEIGHTS_KEY}", tuner.db_context("tc", "sm_90", dev))
+    assert rec.config["early"] is True and rec.us == 0.5 and len(rec.candidates) == 2
+    n = len(bench.calls)
+    assert plan.plan(shape, "sm_90", dev, fixed_weights=True).spec.variant.early and len(bench.calls) == n  # from the DB
+    assert not plan.plan(shape, "sm_90", dev).spec.variant.early and len(bench.calls) == n  # a raw gemv call
+    # the pick changes (re-tuned): the twin is measured against the new pick; slower here, so plain
+    db.put(tuner.db_key(shape, "tc"), _record(LaunchConfig(256, 2)))  # TN <= 4, 4 loads: the rule says yes
+    bench.best, bench.variant = LaunchConfig(256, 2), None
+    p = plan.plan(shape, "sm_90", dev, fixed_weights=True)
+    assert len(bench.calls) == n + 1 and not p.spec.variant.early and "slower" in p.reason
+    # tier 4 then the twin, on a shape nothing has measured
+    other = GemvShape(9216, 3072, 128, False)
+    bench.best, bench.variant = LaunchConfig(64, 2), Variant(streaming=True, early=True)
+    p = plan.plan(other, "sm_90", dev, fixed_weights=True)
+    assert p.tier == "tuned" and p.spec.variant.early and bench.calls[-1][-1].variant.early
+    # nothing is measured while a stream is captured (tune=False): the heuristic and the rule answer
+    n = len(bench.calls)
+    p = plan.plan(GemvShape(9000, 3072, 128, False), "sm_90", dev, fixed_weights=True, tune=False)
+    assert p.tier == "heuristic" and len(bench.calls) == n
