@@ -45,10 +45,10 @@ __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u3
     else mma_16816(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
-// A scale (as stored) in the activation type, in both halves of a word.
+// A scale as fp32; as stored, in the activation type, in both halves of a word.
+__device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
 __device__ __forceinline__ u32 scale_pair(u16 s) {
-    const float f = SCALE_BF16 ? bf16_to_f(s) : h_to_f(s);
-    const u32 v = BF16 ? f_to_bf16(f) : f_to_h(f);
+    const u32 v = BF16 ? f_to_bf16(scale_f(s)) : f_to_h(scale_f(s));
     return v * 0x00010001u;
 }
 
@@ -167,7 +167,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
                             const u16 sv = sc[u][tw][e >> 1][0];
-                            d[tw][nt][e] = fmaf(ds[tw][nt][e], SCALE_BF16 ? bf16_to_f(sv) : h_to_f(sv), d[tw][nt][e]);
+                            d[tw][nt][e] = fmaf(ds[tw][nt][e], scale_f(sv), d[tw][nt][e]);
                         }
             }
         }
