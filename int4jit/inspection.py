@@ -41,8 +41,8 @@ class Planned:
 
 
 def _modelled_blocks(model, block: int, regs_estimate: int) -> int:
-    # The tuner's residency term (tuner.estimate_efficiency): threads, blocks and a register
-    # file of model.regs_per_sm at the template's estimated registers a thread.
+    # The tuner's residency term (tuner.modelled_time, tuner.occupancy_efficiency): threads,
+    # blocks and a register file of model.regs_per_sm at the template's estimated registers a thread.
     return max(1, min(model.max_threads_per_sm // block, model.max_blocks_per_sm,
                       model.regs_per_sm // (max(regs_estimate, 32) * block)))
 

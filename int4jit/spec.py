@@ -193,21 +193,24 @@ def choose_kernel(shape: GemvShape, tensor_cores: bool, requested: str = "auto")
 
 
 # -- variants -------------------------------------------------------------------------------
-# Where the tc kernel streams by default: groups of 128 and more, K of 4096 or more and weights of
-# 24 Mi elements or more (3-12% faster there on the H200; 2-11% slower elsewhere).
-TC_STREAM_MIN_WEIGHTS = 24 << 20
-TC_STREAM_MIN_K = 4096
-# raw_a pays with at least this many 16-row tiles a warp (28672x4096 (128,4) 18.50 -> 17.55 us).
+# Where the tc kernel streams by default: groups of 128 and more at K of 2048 or more (H200, session 12:
+# streaming won on 16 of 16 g128 tc shapes of 5.8-272 MB at K 2048-18944; 9728x896 was 11% slower).
+TC_STREAM_MIN_K = 2048
+# raw_a pays with at least this many 16-row tiles a warp (28672x4096 (128,4) 18.50 -> 17.55 us), on the
+# shapes it was measured on: K of 4096 or more and weights of 24 Mi elements or more.
 TC_RAW_MIN_TILES = 2
+TC_RAW_MIN_K = 4096
+TC_RAW_MIN_WEIGHTS = 24 << 20
 
 
 def default_variant(shape: GemvShape, kernel: str, config: LaunchConfig) -> Variant:
     """The variant a (shape, config) gets without tuning: the measured rules."""
     if kernel != "tc":
         return SIMT_VARIANT
-    streaming = (shape.group >= 128 and shape.K >= TC_STREAM_MIN_K
-                 and shape.N * shape.K >= TC_STREAM_MIN_WEIGHTS)
-    return Variant(streaming=streaming, raw_a=streaming and config.TN // 2 >= TC_RAW_MIN_TILES)
+    streaming = shape.group >= 128 and shape.K >= TC_STREAM_MIN_K
+    raw_a = (streaming and config.TN // 2 >= TC_RAW_MIN_TILES and shape.K >= TC_RAW_MIN_K
+             and shape.N * shape.K >= TC_RAW_MIN_WEIGHTS)
+    return Variant(streaming=streaming, raw_a=raw_a)
 
 
 def schedules(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str, pdl: bool = True) -> list[Variant]:
@@ -332,7 +335,9 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
         shape, arch, "tc", cfg, v, params, grid, 32 * ksplit, pdl,
         rows_per_block=rows_per_block, k_efficiency=(shape.K // 32) / (4 * ksplit * kc * per_warp),
         inflight_bytes=cfg.TN * unroll * 16, thread_bytes=cfg.TN * per_warp * 16,
-        regs=48 + cfg.TN * unroll * 6 + 4 * tw * (2 if shape.M > 1 else 1))
+        # Fitted to NVRTC's sm_90 builds of the grid (rms 13 registers, was 19); __launch_bounds__(BS)
+        # caps a thread at 65536 / BS.
+        regs=min(40 + 4 * cfg.TN * unroll + 7 * tw * (2 if shape.M > 1 else 1), 65536 // cfg.BS))
 
 
 def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool, loads: int = 4) -> KernelSpec:

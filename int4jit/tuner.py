@@ -145,10 +145,20 @@ class DeviceModel:
     regs_per_sm: int
     warp: int
     max_blocks_per_sm: int = 32
-    # Weight bytes a multiprocessor wants in flight before bandwidth stops growing: fitted to the
-    # measured sm_90 suite (~320 KB; loaded HBM latency is far above the unloaded one).
+    # A batch of loads takes the longer of a loaded round trip and its bytes at the memory
+    # bandwidth (Little's law: ~6.4 MB in flight keep the H200 busy); each wave of blocks adds a
+    # fixed cost (x staged, partial sums reduced, y stored). Fitted to the measured sm_90 suite
+    # (bench/results/tuning-sm_90.json; H200 reads at ~4.1 TB/s).
+    round_trip_ns: float = 1600.0
+    bytes_per_ns_per_sm: float = 30.3
+    wave_ns: float = 500.0
+    # Picks within this of the modelled best are taken as equal and the fewest rows a warp wins:
+    # the model misses what larger TN costs a warp (its tiles' serial mma chain, more registers).
+    near: float = 0.10
+    # The AMD targets keep the occupancy model (occupancy_efficiency) until an AMD GPU measures
+    # the time model: weight bytes a multiprocessor wants in flight (~320 KB) and a row's fixed
+    # cost in weight-byte equivalents, fitted to the sm_90 suite before the time model was.
     inflight_bytes: int = 320 << 10
-    # Per-row fixed cost (reduction, store, row setup) in weight-byte equivalents, fitted alike.
     row_cost_bytes: int = 256
 
 
@@ -160,9 +170,35 @@ def device_model(arch: str, device=None) -> DeviceModel:
     return DeviceModel(sms, threads, 65536, warp)
 
 
+def modelled_time(spec: KernelSpec, model: DeviceModel) -> tuple[float, float]:
+    """(modelled ns, ns of its bytes at full bandwidth) of one launch. Blocks run in waves of
+    what fits (threads, blocks and registers a SM); a warp's K steps go in batches of its loads
+    in flight, each batch one round trip, or longer where the wave's bytes in flight exceed
+    what the bandwidth moves in one."""
+    block = spec.block
+    per_sm = max(1, min(model.max_threads_per_sm // block, model.max_blocks_per_sm,
+                        model.regs_per_sm // (max(spec.regs, 32) * block)))
+    batches = math.ceil(spec.thread_bytes / spec.inflight_bytes)
+    batch_bytes = block * spec.inflight_bytes * spec.k_efficiency   # one block's batch
+    bandwidth = model.bytes_per_ns_per_sm * model.sm_count
+    left, ns = spec.grid, 0.0
+    while left > 0:
+        wave = min(left, per_sm * model.sm_count)
+        left -= wave
+        ns += batches * max(model.round_trip_ns, wave * batch_bytes / bandwidth) + model.wave_ns
+    return ns, spec.grid * batches * batch_bytes / bandwidth
+
+
 def estimate_efficiency(spec: KernelSpec, model: DeviceModel) -> float:
-    """Modelled fraction of peak bandwidth a spec reaches: idle K lanes, padded rows, the last
-    partial wave, bytes in flight per SM, and per-thread fixed cost."""
+    """Modelled fraction of peak bandwidth a spec reaches (modelled_time's bytes-at-bandwidth
+    over its time): round trips not covered by bytes in flight, partial waves, idle K lanes."""
+    ns, ideal = modelled_time(spec, model)
+    return ideal / ns
+
+
+def occupancy_efficiency(spec: KernelSpec, model: DeviceModel) -> float:
+    """The AMD targets' model: fraction of peak bandwidth from idle K lanes, padded rows, the last
+    partial wave, bytes in flight per SM, and per-thread fixed cost (docs/amd.md checks its picks)."""
     shape, bs = spec.shape, spec.config.BS
     row_eff = shape.N / (spec.grid * spec.rows_per_block) * max(1, spec.variant.kcluster)
     per_sm = max(1, min(model.max_threads_per_sm // bs, model.max_blocks_per_sm,
@@ -177,13 +213,17 @@ def estimate_efficiency(spec: KernelSpec, model: DeviceModel) -> float:
 
 
 def heuristic(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive: bool = False) -> LaunchConfig:
-    """The modelled best (BS, TN) of the grid that will be searched, at the default variant."""
+    """The modelled best (BS, TN) of the grid that will be searched, at the default variant. NVIDIA:
+    of the configs within model.near of the fastest modelled time, the smallest TN, then largest
+    BS. AMD: the best occupancy_efficiency, then smallest TN, then largest BS."""
     model = device_model(arch, device)
-
-    def score(c: LaunchConfig):
-        spec = make_spec(shape, arch, kernel, c, sm_count=model.sm_count)
-        return round(estimate_efficiency(spec, model), 3), -c.TN, c.BS
-    return max(candidate_grid(exhaustive), key=score)
+    grid = candidate_grid(exhaustive)
+    spec = lambda c: make_spec(shape, arch, kernel, c, sm_count=model.sm_count)
+    if not arch.startswith("sm_"):
+        return max(grid, key=lambda c: (round(occupancy_efficiency(spec(c), model), 3), -c.TN, c.BS))
+    ns = {c: modelled_time(spec(c), model)[0] for c in grid}
+    fastest = min(ns.values())
+    return min((c for c in grid if ns[c] <= fastest * (1 + model.near)), key=lambda c: (c.TN, -c.BS, ns[c]))
 
 
 # -- selection --------------------------------------------------------------------------

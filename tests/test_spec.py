@@ -132,18 +132,19 @@ def test_one_wave_caps_registers_for_a_one_wave_grid(N, K, cfg, blocks):
     assert plain.param("KERNEL_ATTRS") == f"__launch_bounds__({cfg.BS})"
 
 
-@pytest.mark.parametrize("N,K,group,streams,xsmem", [
-    (28672, 4096, 128, True, True), (4096, 14336, 256, True, True),
-    (4096, 28672, 128, True, False),   # x (56 KB) does not fit static shared memory: streams without it
-    (4096, 4096, 128, False, False),   # under TC_STREAM_MIN_WEIGHTS
-    (28672, 4096, 64, False, False)])  # groups under 128: the plain kernel measured faster
-def test_default_variant_streams_large_g128_shapes(N, K, group, streams, xsmem):
+@pytest.mark.parametrize("N,K,group,streams,xsmem,raw", [
+    (28672, 4096, 128, True, True, True), (4096, 14336, 256, True, True, True),
+    (4096, 28672, 128, True, False, True),  # x (56 KB) does not fit static shared memory: streams without it
+    (4096, 4096, 128, True, True, False),   # under TC_RAW_MIN_WEIGHTS: streams, A through the scales
+    (4096, 1024, 128, False, False, False),  # K under TC_STREAM_MIN_K
+    (28672, 4096, 64, False, False, False)])  # groups under 128: the plain kernel measured faster
+def test_default_variant_streams_large_g128_shapes(N, K, group, streams, xsmem, raw):
     shape = GemvShape(N, K, group, False)
     s = make_spec(shape, "sm_90", "tc", LaunchConfig(512, 2))
     assert s.variant.streaming is streams and s.param("STREAMING") == ("true" if streams else "false")
     assert s.param("XSMEM") == ("true" if xsmem else "false")
     assert not s.variant.raw_a  # one tile a warp (TN=2): raw_a does not pay
-    assert make_spec(shape, "sm_90", "tc", LaunchConfig(128, 4)).variant.raw_a is streams
+    assert make_spec(shape, "sm_90", "tc", LaunchConfig(128, 4)).variant.raw_a is raw
 
 
 @pytest.mark.parametrize("N,K,cfg", [(1, 16, LaunchConfig(32, 2)), (7, 48, LaunchConfig(64, 16)),
