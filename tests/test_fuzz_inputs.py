@@ -109,6 +109,11 @@ def test_gemv_property_on_gpu(spec):
         with pytest.raises((ValueError, TypeError)):
             int4jit.gemv(x, w, s, z, out=out)
         return
+    if x.ndim == 2 and x.shape[0] > 1 and x.shape[-1] % 32:
+        # Several tokens run on the tensor-core kernels only: K % 32 == 0 (README, "Kernels").
+        with pytest.raises(NotImplementedError, match="K % 32 == 0"):
+            int4jit.gemv(x, w, s, z, out=out)
+        return
     y = int4jit.gemv(x, w, s, z, out=out)
     ref = int4jit.reference_gemv(x, w, s, z)
     assert rel_error(y, ref, few_outputs_floor(x, w, s, z)) <= 2e-3 or np.linalg.norm(ref) == 0
