@@ -26,7 +26,8 @@ error and the rest go on; the JSON is rewritten after every system.
     python3 bench/e2e_decode.py --quick             # a tiny model, few tokens: a smoke test
 
 Writes bench/results/e2e_decode-<date>.json and the "End-to-end decode" section of
-bench/RESULTS.md (not with --quick unless --results-md is given)."""
+bench/RESULTS.md (not with --quick unless --results-md is given); with --layers L,
+e2e_decode-Llayers-<date>.json and the "End-to-end decode (L layers)" section."""
 from __future__ import annotations
 
 import argparse
@@ -298,7 +299,7 @@ def markdown(doc) -> str:
              f"LlamaForCausalLM from a config (hidden {c['hidden_size']}, intermediate {c['intermediate_size']}, "
              f"{c['num_hidden_layers']} layers, vocabulary {c['vocab_size']}, random weights); decode {doc['tokens']} "
              f"tokens best of {doc['runs']}, prefill {doc['prefill']} tokens "
-             f"(`python3 bench/e2e_decode.py{' --quick' if doc['quick'] else ''}`)", "",
+             f"(`{doc.get('command', 'python3 bench/e2e_decode.py' + (' --quick' if doc['quick'] else ''))}`)", "",
              "| system | decode tok/s (eager) | decode tok/s (torch.compile reduce-overhead) | prefill ms | "
              "logits vs fp16 | quantize s |", "|---|---|---|---|---|---|"]
     f = lambda r, k, fmt: fmt.format(r[k]) if k in r else ("error" if k + "_error" in r else "n/a")
@@ -313,6 +314,9 @@ def markdown(doc) -> str:
             if k.endswith("error") and k != "error"]
     if errs:
         lines += ["", "Errors: " + "; ".join(errs)]
+    lines += ["", "logits vs fp16: the last logits of an 8-token prompt, relative to the fp16 model's. With random "
+              "weights every layer's rounding compounds, so at many layers any quantised system decorrelates "
+              "(accuracy is checked per GEMV against float64 and by tests/test_transformers_gpu.py)."]
     if doc.get("tinygemm_dtypes"):
         lines += ["", f"tinygemm's CUDA op with fp16 / bf16 activations: {doc['tinygemm_dtypes']}"]
     return "\n".join(lines)
@@ -350,10 +354,14 @@ def main():
     torch = gpu_or_exit("e2e_decode.py")
     import int4jit
     date = datetime.date.today().isoformat()
-    json_path = Path(args.out) / f"e2e_decode{'-quick' if args.quick else ''}-{date}.json"
+    # a run with its own layer count (e.g. --layers 32: the whole 8B) gets its own file and section
+    tag = ("-quick" if args.quick else "") + (f"-{args.layers}layers" if args.layers else "")
+    section = SECTION + (f" ({args.layers} layers)" if args.layers else "")
+    json_path = Path(args.out) / f"e2e_decode{tag}-{date}.json"
     doc = dict(device=torch.cuda.get_device_name(), date=date, quick=args.quick, config=cfg_kw, tokens=args.tokens,
                prefill=args.prefill, runs=args.runs, group=GROUP, torch=torch.__version__,
-               transformers=transformers.__version__, int4jit=int4jit.__version__, systems={})
+               transformers=transformers.__version__, int4jit=int4jit.__version__,
+               command=" ".join(["python3 bench/e2e_decode.py", *sys.argv[1:]]), systems={})
     try:
         doc["tinygemm_dtypes"] = probe_tinygemm_fp16(torch)
     except Exception as e:  # noqa: BLE001
@@ -378,8 +386,8 @@ def main():
             torch.cuda.empty_cache()
         save()
     if md is not None:
-        write_section(SECTION, markdown(doc), md)
-        print(f"wrote the '{SECTION}' section of {md}")
+        write_section(section, markdown(doc), md)
+        print(f"wrote the '{section}' section of {md}")
     print(markdown(doc))
 
 
