@@ -312,6 +312,8 @@ def markdown(doc) -> str:
                   + "; ".join(f"{r['model']} {r['group_label']} {k} {v['pct_copy_bw']:.0f}%" for r, k, v in per)]
     lines += ["", "stream-read is not a GEMV: one launch a GEMV that only reads that GEMV's bytes (no arithmetic): "
               "what any chain of one memory-bound kernel per GEMV reaches on this GPU."]
+    if doc.get("note"):
+        lines += ["", doc["note"]]
     if doc.get("png"):
         lines += ["", f"![µs per token](results/{doc['png']})"]
     return "\n".join(lines)

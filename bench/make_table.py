@@ -3,6 +3,9 @@ with int4jit's own tuner, and write every candidate's time to bench/results/ so 
 heuristic can be scored against the winners (bench/score_heuristic.py).
 
     python3 bench/make_table.py [--out-dir DIR]      # needs a GPU; merges into table.json
+    python3 bench/make_table.py --groups 32          # re-tune a part: rows and records of the rest stay
+
+Every candidate is compiled first in parallel processes (bench/common.compile_all), then measured.
 
 TODO(api): this script still reaches into int4jit internals (plan.target, tuner.autotune(shape,
 kernel, dev, exhaustive=True) -> (record with .candidates/.us/.config, winning spec),
@@ -19,6 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import compile_all  # noqa: E402
 from int4jit import backends, plan, tuner  # noqa: E402
 from int4jit.shapes import GemvShape  # noqa: E402
 
@@ -44,28 +49,38 @@ def main():
     ap.add_argument("--table", default=str(Path(tuner.TABLE_PATH)))
     ap.add_argument("--symmetry", choices=("both", "asym", "sym"), default="both",
                     help="which zero-point kinds to tune (default both)")
+    ap.add_argument("--groups", default=",".join(map(str, GROUPS)), help="comma-separated group sizes (default 32,128)")
+    ap.add_argument("--models", default=",".join(SUITE), help=f"comma-separated, of {', '.join(SUITE)}")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="compile processes (default: one a CPU)")
     args = ap.parse_args()
+    groups = [int(g) for g in args.groups.split(",")]
+    models = [m for m in args.models.split(",") if m]
+    if any(m not in SUITE for m in models):
+        ap.error(f"unknown model in {models}; models are {', '.join(SUITE)}")
     dev = backends.device()
     table = json.loads(Path(args.table).read_text())
     rows = table.setdefault(dev.arch, {})
-    detail = {"device": dev.name, "arch": dev.arch, "date": time.strftime("%Y-%m-%d"), "records": {}}
+    detail_path = Path(args.out_dir) / f"tuning-{dev.arch}.json"
+    old = json.loads(detail_path.read_text())["records"] if detail_path.exists() else {}
+    detail = {"device": dev.name, "arch": dev.arch, "date": time.strftime("%Y-%m-%d"), "records": old}
+    todo = [(model, GemvShape(N, K, g, sym)) for model in models for N, K in SUITE[model] for g in groups
+            for sym in {"both": (False, True), "asym": (False,), "sym": (True,)}[args.symmetry]]
+    targets = {shape: plan.target(shape, dev.arch, dev) for _, shape in todo}
+    compile_all([spec for shape, (_, kernel, pdl) in targets.items()
+                 for spec in tuner.search_space(shape, dev.arch, kernel, dev, exhaustive=True, pdl=pdl)], args.jobs)
     t_all = time.perf_counter()
-    for model, shapes in SUITE.items():
-        for N, K in shapes:
-            for g in GROUPS:
-                for sym in {"both": (False, True), "asym": (False,), "sym": (True,)}[args.symmetry]:
-                    shape = GemvShape(N, K, g, sym)
-                    t0 = time.perf_counter()
-                    _, kernel, pdl = plan.target(shape, dev.arch, dev)
-                    rec, best = tuner.autotune(shape, kernel, dev, exhaustive=True, pdl=pdl)
-                    variant = {k: v for k, v in rec.config.items() if k not in ("BS", "TN")}
-                    rows[shape.key()] = {"config": [best.config.BS, best.config.TN], "us": round(rec.us, 3),
-                                         "model": model, **({"variant": variant} if variant else {})}
-                    detail["records"][shape.key()] = rec.candidates
-                    print(f"{model:13s} {shape.key():24s} -> {best.label()} {rec.us:8.2f} us "
-                          f"({shape.bytes_moved / rec.us / 1e3:5.0f} GB/s) tuned in {time.perf_counter() - t0:.1f} s",
-                          flush=True)
-                    write(args, table, detail, dev.arch)  # after every shape: a cut-off run keeps its rows
+    for model, shape in todo:
+        t0 = time.perf_counter()
+        _, kernel, pdl = targets[shape]
+        rec, best = tuner.autotune(shape, kernel, dev, exhaustive=True, pdl=pdl)
+        variant = {k: v for k, v in rec.config.items() if k not in ("BS", "TN")}
+        rows[shape.key()] = {"config": [best.config.BS, best.config.TN], "us": round(rec.us, 3),
+                             "model": model, **({"variant": variant} if variant else {})}
+        detail["records"][shape.key()] = rec.candidates
+        print(f"{model:13s} {shape.key():24s} -> {best.label()} {rec.us:8.2f} us "
+              f"({shape.bytes_moved / rec.us / 1e3:5.0f} GB/s) tuned in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        write(args, table, detail, dev.arch)  # after every shape: a cut-off run keeps its rows
     out = write(args, table, detail, dev.arch)
     print(f"{len(detail['records'])} shapes in {time.perf_counter() - t_all:.0f} s; wrote {args.table} and {out}")
 

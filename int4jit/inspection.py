@@ -65,6 +65,10 @@ def _build(planned: Planned) -> tuple[bytes, str]:
 
 
 # -- facts --------------------------------------------------------------------------------
+def _count(facts: "KernelFacts", name: str) -> int | None:
+    return None if facts.code.counts is None else getattr(facts.code.counts, name)
+
+
 @dataclass(frozen=True)
 class KernelFacts:
     """A planned kernel and what its code object says. Registers: AMD VGPRs/SGPRs, NVIDIA
@@ -81,21 +85,11 @@ class KernelFacts:
     lds_bytes = property(lambda self: self.code.lds_bytes)
     occupancy = property(lambda self: self.code.occupancy)
 
-    @property
-    def wide_loads(self) -> int | None:
-        return None if self.code.counts is None else self.code.counts.wide_loads
-
-    @property
-    def narrow_loads(self) -> int | None:
-        return None if self.code.counts is None else self.code.counts.narrow_loads
-
-    @property
-    def dot2(self) -> int | None:
-        return None if self.code.counts is None else self.code.counts.dot2
-
-    @property
-    def mma(self) -> int | None:
-        return None if self.code.counts is None else self.code.counts.mma
+    # instruction counts: None where the disassembler was not run or not found
+    wide_loads = property(lambda self: _count(self, "wide_loads"))
+    narrow_loads = property(lambda self: _count(self, "narrow_loads"))
+    dot2 = property(lambda self: _count(self, "dot2"))
+    mma = property(lambda self: _count(self, "mma"))
 
     def as_dict(self) -> dict:
         p, c = self.plan, self.code

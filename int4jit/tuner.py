@@ -174,19 +174,22 @@ def modelled_time(spec: KernelSpec, model: DeviceModel) -> tuple[float, float]:
     """(modelled ns, ns of its bytes at full bandwidth) of one launch. Blocks run in waves of
     what fits (threads, blocks and registers a SM); a warp's K steps go in batches of its loads
     in flight, each batch one round trip, or longer where the wave's bytes in flight exceed
-    what the bandwidth moves in one."""
+    what the bandwidth moves in one. The last batch carries only the bytes a thread has left
+    (e.g. 7 steps at 2 a batch: 3.5 batches' bytes, not 4)."""
     block = spec.block
     per_sm = max(1, min(model.max_threads_per_sm // block, model.max_blocks_per_sm,
                         model.regs_per_sm // (max(spec.regs, 32) * block)))
     batches = math.ceil(spec.thread_bytes / spec.inflight_bytes)
-    batch_bytes = block * spec.inflight_bytes * spec.k_efficiency   # one block's batch
+    last = spec.thread_bytes / spec.inflight_bytes - (batches - 1)   # the last batch's share of a full one
+    batch_bytes = block * spec.inflight_bytes * spec.k_efficiency     # one block's full batch
     bandwidth = model.bytes_per_ns_per_sm * model.sm_count
     left, ns = spec.grid, 0.0
     while left > 0:
         wave = min(left, per_sm * model.sm_count)
         left -= wave
-        ns += batches * max(model.round_trip_ns, wave * batch_bytes / bandwidth) + model.wave_ns
-    return ns, spec.grid * batches * batch_bytes / bandwidth
+        batch_ns = lambda share: max(model.round_trip_ns, wave * share * batch_bytes / bandwidth)
+        ns += (batches - 1) * batch_ns(1.0) + batch_ns(last) + model.wave_ns
+    return ns, spec.grid * block * spec.thread_bytes * spec.k_efficiency / bandwidth
 
 
 def estimate_efficiency(spec: KernelSpec, model: DeviceModel) -> float:
