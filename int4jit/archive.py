@@ -1,4 +1,5 @@
-"""Move a cache between machines as one archive: code objects + tuning DBs.
+"""Manage the cache as a whole: clear what int4jit wrote, and move a cache between machines as
+one archive (code objects + tuning DBs).
 
 Import reads the archive as a stream with its own small tar reader (regular files only,
 ustar headers, checksums checked), so memory and time are bounded whatever the headers say:
@@ -22,7 +23,7 @@ import zlib
 from pathlib import Path
 
 from . import cache
-from .tuning_db import DB_SCHEMA, InvalidTuningDB, TuningDB, parse_db
+from .tuning_db import DB_SCHEMA, InvalidTuningDB, TuningDB, is_db_name, parse_db
 
 MANIFEST = "manifest.json"
 _CODE = re.compile(r"^code/([0-9a-f]{2})/([0-9a-f]{64})\.bin$")
@@ -262,3 +263,62 @@ def import_cache(path) -> dict:
         shutil.rmtree(staging, ignore_errors=True)
     return {"code_objects_added": added, "code_objects_present": len(code) - added,
             "tuning_entries_merged": merged, "tuning_dbs": sorted(dbs), "skipped": skipped, "archive": where}
+
+
+# -- clear -------------------------------------------------------------------------------
+_TMP = re.compile(r"^\..+\.[A-Za-z0-9_]+\.tmp$")      # cache.atomic_write's temp files
+# Set-aside files (<db>.corrupt-*, <key>.bin.bad) hold content int4jit judged not its own: left.
+_DB_LEFTOVER = re.compile(r"^(sm_[0-9]{2,3}[af]?|gfx[0-9]{1,2}[0-9a-f]{2})\.json\.lock$")
+
+
+def _is_ours(path: Path, area: str) -> bool:
+    name = path.name
+    if path.is_symlink() or not path.is_file():
+        return False
+    if area == "code":
+        if _TMP.match(name) and cache.CODE_NAME.match(name[1:].split(".bin.")[0] + ".bin"):
+            return True
+        return cache.is_code_object_file(path)
+    if _DB_LEFTOVER.match(name):
+        return True
+    if _TMP.match(name) and is_db_name(name[1:].split(".json.")[0] + ".json"):
+        return True
+    if is_db_name(name):
+        try:
+            with open(path, "rb") as f:
+                parse_db(f.read())
+            return True
+        except (InvalidTuningDB, OSError):
+            return False
+    return False
+
+
+def clear_cache() -> tuple[list[Path], list[Path]]:
+    """Remove what int4jit wrote (code objects, tuning DBs and their locks, temp files, import
+    staging dirs); leave everything else, set-aside files included. Returns (removed, left)."""
+    root = cache.cache_dir()
+    removed, left = [], []
+    for area in ("code", "tuning"):
+        top = root / area
+        if not top.is_dir() or top.is_symlink():
+            if os.path.lexists(top):
+                left.append(top)
+            continue
+        for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+            here = Path(dirpath)
+            for name in filenames + [d for d in dirnames if (here / d).is_symlink()]:
+                p = here / name
+                if _is_ours(p, area):
+                    p.unlink()
+                    removed.append(p)
+                else:
+                    left.append(p)
+            try:
+                here.rmdir()  # only when empty: a folder holding anything else stays
+            except OSError:
+                pass
+    for p in root.glob(cache.IMPORT_STAGING + "*"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed, left

@@ -294,7 +294,8 @@ def _cache_list() -> int:
 
 
 def _cache_clear() -> int:
-    removed, left = cache.clear_cache()
+    from . import archive
+    removed, left = archive.clear_cache()
     print(f"removed {len(removed)} file(s) int4jit wrote from {cache.cache_dir()}")
     if left:
         print(f"left {len(left)} file(s) int4jit did not write:")

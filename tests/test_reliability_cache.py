@@ -4,11 +4,10 @@ import json
 import logging
 import os
 import stat
-import sys
 
 import pytest
 
-from int4jit import cache, cli, compiler, env, plan
+from int4jit import archive, cache, cli, compiler, env, plan
 from int4jit.backends import hip
 from int4jit.errors import BackendUnavailable
 from int4jit.shapes import GemvShape
@@ -117,8 +116,9 @@ def test_tilde_in_cache_dir_is_expanded(tmp_path, monkeypatch):
 def _fake_distro_rocm(tmp_path, monkeypatch):
     lib = tmp_path / "libamdhip64.so.5"
     lib.write_bytes(b"")
-    for var in ("ROCM_PATH", "ROCM_HOME"):
-        monkeypatch.delenv(var, raising=False)
+    for var in ("ROCM_PATH", "ROCM_HOME"):  # set, then removed: monkeypatch restores the variable after
+        monkeypatch.setenv(var, "")            # the test, also where _locate_rocm sets it
+        monkeypatch.delenv(var)
     monkeypatch.setattr(hip, "_DISTRO_HIP", (str(lib),))
     monkeypatch.setattr(hip.os.path, "isdir", lambda p: False if p == "/opt/rocm/lib" else os.path.isdir.__wrapped__(p)
                         if hasattr(os.path.isdir, "__wrapped__") else os.path.exists(p) and stat.S_ISDIR(os.stat(p).st_mode))
@@ -196,7 +196,7 @@ def test_cache_clear_removes_temp_and_lock_files_and_leaves_set_aside_ones(monke
     (d / f".{key}.bin.abc123.tmp").write_bytes(b"half")
     (d / f"{key}.bin.bad").write_bytes(b"bad")
     (cache.db_dir() / "sm_90.json.corrupt-1-2").write_bytes(b"{")
-    removed, left = cache.clear_cache()
+    removed, left = archive.clear_cache()
     assert len(removed) == 4  # code object, its temp file, the DB, its lock
     assert sorted(p.name for p in left) == sorted([f"{key}.bin.bad", "sm_90.json.corrupt-1-2"])
 
