@@ -174,14 +174,15 @@ def modelled_time(spec: KernelSpec, model: DeviceModel) -> tuple[float, float]:
     """(modelled ns, ns of its bytes at full bandwidth) of one launch. Blocks run in waves of
     what fits (threads, blocks and registers a SM); a warp's K steps go in batches of its loads
     in flight, each batch one round trip, or longer where the wave's bytes in flight exceed
-    what the bandwidth moves in one. The last batch carries only the bytes a thread has left
-    (e.g. 7 steps at 2 a batch: 3.5 batches' bytes, not 4)."""
+    what the bandwidth moves in one. The lanes idle along K are idle in the last steps, so full
+    batches carry every lane's loads and the last one only what is left (7 steps at 2 a batch:
+    3.5 batches' bytes, not 4)."""
     block = spec.block
     per_sm = max(1, min(model.max_threads_per_sm // block, model.max_blocks_per_sm,
                         model.regs_per_sm // (max(spec.regs, 32) * block)))
     batches = math.ceil(spec.thread_bytes / spec.inflight_bytes)
-    last = spec.thread_bytes / spec.inflight_bytes - (batches - 1)   # the last batch's share of a full one
-    batch_bytes = block * spec.inflight_bytes * spec.k_efficiency     # one block's full batch
+    last = max(0.0, spec.thread_bytes * spec.k_efficiency / spec.inflight_bytes - (batches - 1))
+    batch_bytes = block * spec.inflight_bytes   # one block's full batch; `last`: the last one's share
     bandwidth = model.bytes_per_ns_per_sm * model.sm_count
     left, ns = spec.grid, 0.0
     while left > 0:

@@ -141,11 +141,13 @@ def test_every_option_has_help():
 
 def test_cache_list_lists_entries(capsys):
     require_compiler("cuda")
-    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--shapes", "896x896"]) == 0
+    # a shape no other test builds: kernels built earlier in the process are not written to
+    # this test's cache dir (the strict xfail below pins that bug)
+    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--shapes", "1152x640"]) == 0
     capsys.readouterr()
     assert cli.main(["cache", "list"]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if "896x896 g128 asym" in line]
+    rows = [line for line in out.splitlines() if "1152x640 g128 asym" in line]
     assert rows and all("sm_90" in r and re.search(r"\d+,\d+", r) and "kB" in r for r in rows)
 
 

@@ -1,5 +1,6 @@
 """Selection tiers, env parsing, the DB key and context, the search, the tuning DB (locking,
 corruption, staleness), export/import, the benchmark buffers."""
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -327,6 +328,29 @@ def test_heuristic_models_the_tc_kernel_too():
     assert all(0 < e <= 1 for e in tc) and tc != simt
     for s in shapes:
         assert tuner.heuristic(s, "sm_90", "tc", exhaustive=True) in candidate_grid(True)
+
+
+@pytest.mark.parametrize("kernel", ["tc", "simt"])
+def test_modelled_time_grows_with_the_bytes_and_charges_a_partial_batch_for_its_share(kernel):
+    """More K never models faster; efficiency stays in (0, 1]; a thread whose last batch of
+    loads is partial costs less than one that fills it (the model charges the bytes it holds)."""
+    model = tuner.device_model("sm_90")
+    for N in (2048, 4096, 28672):
+        for c in candidate_grid(True):
+            times = []
+            for K in range(512, 16385, 512):
+                spec = make_spec(GemvShape(N, K, 128, False), "sm_90", kernel, c, sm_count=model.sm_count)
+                ns, ideal = tuner.modelled_time(spec, model)
+                assert 0 < ideal <= ns, (N, K, c)
+                times.append(ns)
+            assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:])), (N, c)
+    model = dataclasses.replace(model, round_trip_ns=1.0)  # bandwidth-bound: every byte shows
+    spec = lambda K: make_spec(GemvShape(4096, K, 128, False), "sm_90", kernel, LaunchConfig(64, 2),
+                               sm_count=model.sm_count)
+    batches = lambda K: spec(K).thread_bytes * spec(K).k_efficiency / spec(K).inflight_bytes
+    full = next(K for K in range(4096, 65537, 128) if batches(K) == int(batches(K)) >= 2)
+    partial = next(K for K in range(full - 128, 0, -128) if int(batches(K)) < batches(K) < batches(full))
+    assert tuner.modelled_time(spec(partial), model)[0] < tuner.modelled_time(spec(full), model)[0]
 
 
 @pytest.mark.parametrize("var,value,shown", [
