@@ -218,8 +218,8 @@ def occupancy_efficiency(spec: KernelSpec, model: DeviceModel) -> float:
 
 def heuristic(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive: bool = False) -> LaunchConfig:
     """The modelled best (BS, TN) of the grid that will be searched, at the default variant. NVIDIA:
-    of the configs within model.near of the fastest modelled time, the smallest TN, then largest
-    BS. AMD: the best occupancy_efficiency, then smallest TN, then largest BS."""
+    of the configs within model.near of the fastest modelled time, the smallest TN, then the fastest
+    modelled. AMD: the best occupancy_efficiency, then smallest TN, then largest BS."""
     model = device_model(arch, device)
     grid = candidate_grid(exhaustive)
     spec = lambda c: make_spec(shape, arch, kernel, c, sm_count=model.sm_count)
@@ -227,7 +227,7 @@ def heuristic(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive:
         return max(grid, key=lambda c: (round(occupancy_efficiency(spec(c), model), 3), -c.TN, c.BS))
     ns = {c: modelled_time(spec(c), model)[0] for c in grid}
     fastest = min(ns.values())
-    return min((c for c in grid if ns[c] <= fastest * (1 + model.near)), key=lambda c: (c.TN, -c.BS, ns[c]))
+    return min((c for c in grid if ns[c] <= fastest * (1 + model.near)), key=lambda c: (c.TN, ns[c]))
 
 
 # -- selection --------------------------------------------------------------------------
