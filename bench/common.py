@@ -143,40 +143,18 @@ def write_section(title: str, body: str, path: Path = RESULTS_MD):
 
 
 # -- compiling ahead of measuring ---------------------------------------------------------------
-def _build_one(spec) -> str | None:
-    """Compile one spec into the code cache (in a worker process): None, or the error's first line."""
-    from int4jit import compiler
-    from int4jit.errors import Int4JitError
-    try:
-        compiler.build(spec)
-    except Int4JitError as e:
-        return str(e).splitlines()[0]
-    return None
-
-
 def compile_all(specs: list, jobs: int):
-    """Compile what the code cache lacks in `jobs` processes, so that measure() finds every
-    build on disk (one that fails is measured as failed). Spawned, not forked: this process
-    holds a CUDA context."""
-    import multiprocessing
+    """Compile what the code cache lacks in `jobs` processes (int4jit warm's compile_specs), so
+    that measure() finds every build on disk (one that fails is measured as failed)."""
     import time
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from tqdm import tqdm
 
     from int4jit import compiler
-    todo = [s for s in specs if not compiler.is_cached(s)]
-    failed = {}
+    from int4jit.cli import compile_specs
+    todo = sum(not compiler.is_cached(s) for s in set(specs))
     t0 = time.perf_counter()
-    if todo:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_build_one, s): s for s in todo}
-            for f in tqdm(as_completed(futures), total=len(todo), desc="compile", unit="kernel", file=sys.stderr,
-                          disable=None):  # None: no bar where stderr is not a terminal
-                if f.result() is not None:
-                    failed[futures[f]] = f.result()
-    print(f"compiled {len(todo)} kernels in {time.perf_counter() - t0:.0f} s with {jobs} processes "
-          f"({len(specs) - len(todo)} were in the code cache; {len(failed)} failed, measured as failed)", flush=True)
+    failed = compile_specs(specs, jobs)
+    print(f"compiled {todo} kernels in {time.perf_counter() - t0:.0f} s with {jobs} processes "
+          f"({len(set(specs)) - todo} were in the code cache; {len(failed)} failed, measured as failed)", flush=True)
     for spec, error in list(failed.items())[:5]:
         print(f"  {spec.shape.key()} {spec.label()}: {error}")
 

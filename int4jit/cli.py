@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import re
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 
@@ -37,6 +40,12 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 
 MAX_SHAPES_FILE = 1 << 20
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more; got {text[:20]!r}")
+    return int(text)
 
 
 def _read_shapes_file(path: str) -> list[tuple[int, int]]:
@@ -193,6 +202,43 @@ def cmd_info(args) -> int:
 
 
 # -- warm ----------------------------------------------------------------------------------
+def _build_one(spec) -> str | None:
+    """Compile one spec into the code cache: None, or the first line of its error."""
+    try:
+        compiler.build(spec)
+    except Int4JitError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def compile_specs(specs, jobs: int, desc: str = "compile") -> dict:
+    """Compile the specs the code cache lacks, in `jobs` processes (spawned, not forked: the
+    caller may hold a GPU context; in this process when jobs is 1), with a progress bar.
+    -> {spec: first line of its error} for those that failed; compiler.build raises their
+    whole log again when one is used."""
+    todo = [s for s in dict.fromkeys(specs) if not compiler.is_cached(s)]
+    from tqdm import tqdm
+    bar = lambda it: tqdm(it, total=len(todo), desc=desc, unit="kernel", file=sys.stderr, disable=None)
+    if jobs <= 1 or len(todo) <= 1:
+        results = ((s, _build_one(s)) for s in todo)
+        return {s: err for s, err in bar(results) if err is not None}
+    failed = {}
+    with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_build_one, s): s for s in todo}
+        for f in bar(as_completed(futures)):
+            if f.result() is not None:
+                failed[futures[f]] = f.result()
+    return failed
+
+
+def _warm_specs(shape: GemvShape, arch: str, exhaustive) -> list:
+    """What `warm --compile-only` builds for one shape on one target: the planned kernel, its
+    fixed-weights (early) build, and every candidate the runtime tuner would measure."""
+    return [plan.plan(shape, arch, None, exhaustive=exhaustive).spec,
+            plan.plan(shape, arch, None, exhaustive=exhaustive, fixed_weights=True).spec,
+            *plan.search_space(shape, arch, exhaustive=exhaustive)]
+
+
 def cmd_warm(args) -> int:
     shapes = _shapes_from(args)
     if not shapes:
@@ -205,6 +251,15 @@ def cmd_warm(args) -> int:
         device = backends.device()
         archs = [device.arch]
     rows, failures = [], []
+    if args.compile_only:  # every build first, in parallel; the loop below then reads the cache
+        specs = []
+        for (N, K) in shapes:
+            for arch in archs:
+                try:
+                    specs += _warm_specs(GemvShape(N, K, args.group, args.symmetric), arch, args.exhaustive or None)
+                except Int4JitError:  # the loop below reports it, on its row
+                    pass
+        compile_specs(specs, args.jobs, "warm: compile")
     for N, K in _progress(shapes, "warm"):
         shape = GemvShape(N, K, args.group, args.symmetric)
         for arch in archs:
@@ -215,10 +270,8 @@ def cmd_warm(args) -> int:
                 # what GemvWeights / Int4Linear launch for the shape (the early build, where it applies)
                 compiler.build(plan.plan(shape, arch, device, exhaustive=args.exhaustive or None, fixed_weights=True).spec)
                 if args.compile_only:  # pre-warm what tier 4 would compile at run time, too
-                    space = [s for s in plan.search_space(shape, arch, exhaustive=args.exhaustive or None)
-                             if not compiler.is_cached(s)]
-                    for spec in _progress(space, f"{shape.key()} {arch} candidates"):
-                        compiler.build(spec)
+                    for spec in plan.search_space(shape, arch, exhaustive=args.exhaustive or None):
+                        compiler.build(spec)  # built above: a cache read, or the error with its log
             except Int4JitError as e:  # one target failing must not hide the others' results
                 failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
                 rows.append((f"{N}x{K}", f"g{args.group}", arch, "-", "FAILED", "-", f"{time.perf_counter() - t0:.2f}", "-"))
@@ -374,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--compile-only", action="store_true",
                    help="no GPU: compile what the override, tuning DB, shipped table or heuristic pick, and the "
                         "candidates tuning would try")
+    w.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
+                   help="with --compile-only: compile processes (default: one a CPU)")
     w.set_defaults(func=cmd_warm)
     t = sub.add_parser("tune", help="tune one shape on this GPU and print every candidate",
                        description="Benchmark every candidate for one shape on this GPU and store the winner.")

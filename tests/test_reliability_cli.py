@@ -151,6 +151,25 @@ def test_cache_list_lists_entries(capsys):
     assert rows and all("sm_90" in r and re.search(r"\d+,\d+", r) and "kB" in r for r in rows)
 
 
+def test_compile_specs_builds_in_worker_processes_and_reports_failures():
+    require_compiler("cuda")
+    require_compiler("hip")
+    from int4jit import compiler
+    from int4jit.shapes import GemvShape
+    shape = GemvShape(2560, 1536, 128, False)  # no other test builds it: nothing in this process's memory
+    specs = cli._warm_specs(shape, "sm_90", None)[:5]
+    assert len(specs) == 5 and not any(compiler.is_cached(s) for s in specs)
+    bad = cli._warm_specs(shape, "gfx1100", None)[:1]  # a target Debian's ROCm 5.2 does not know
+    failed = cli.compile_specs(specs + bad, jobs=2)
+    assert all(compiler.is_cached(s) for s in specs)  # on disk: the workers wrote them
+    assert list(failed) == bad and "gfx1100" in failed[bad[0]]
+
+
+def test_warm_jobs_must_be_a_positive_count(capsys):
+    assert exit_code(["warm", "--compile-only", "--jobs", "0", "--shapes", "4096x4096"]) == 2
+    assert "--jobs: expected a whole number of 1 or more" in capsys.readouterr().err
+
+
 @pytest.mark.xfail(strict=True, reason="known bug: compiler._memo is keyed by spec alone, so a kernel built "
                    "earlier in the process is not written to a cache dir set later (key it by the code dir too)")
 def test_warm_writes_into_a_cache_dir_set_after_the_kernels_were_built(tmp_path, monkeypatch, capsys):
