@@ -7,12 +7,12 @@ heuristic can be scored against the winners (bench/score_heuristic.py).
 
 Every candidate is compiled first in parallel processes (bench/common.compile_all), then measured.
 
-TODO(api): this script still reaches into int4jit internals (plan.target, tuner.autotune(shape,
-kernel, dev, exhaustive=True) -> (record with .candidates/.us/.config, winning spec),
-tuner.TABLE_PATH, backends.device(), GemvShape.key()/.bytes_moved). It needs a public tuning API that returns, per shape, the winning
-spec (config + variant record) and every candidate's time, and a public way to write a
-table.json row -- e.g. `int4jit tune N K --exhaustive --json` and `int4jit table merge FILE`.
-Switch to those once the planner refactor (issue 17) lands; until then keep it working as is.
+TODO(api): this script still reaches into int4jit internals (plan.target, tuner.search_space,
+tuner.autotune(shape, kernel, dev, exhaustive=True) -> (record with .candidates/.us/.config,
+winning spec), tuner.TABLE_PATH). A public tuning API that returns, per shape, the winning spec
+and every candidate's time (e.g. `int4jit tune N K --exhaustive --json`) and a public way to
+write a table.json row would let it stop; the compiling already goes through int4jit warm's
+compile_specs.
 """
 import argparse
 import json
