@@ -148,13 +148,12 @@ def compile_all(specs: list, jobs: int):
     that measure() finds every build on disk (one that fails is measured as failed)."""
     import time
 
-    from int4jit import compiler
     from int4jit.cli import compile_specs
-    todo = sum(not compiler.is_cached(s) for s in set(specs))
     t0 = time.perf_counter()
-    failed = compile_specs(specs, jobs)
-    print(f"compiled {todo} kernels in {time.perf_counter() - t0:.0f} s with {jobs} processes "
-          f"({len(set(specs)) - todo} were in the code cache; {len(failed)} failed, measured as failed)", flush=True)
+    compiled, failed = compile_specs(specs, jobs)
+    print(f"compiled {len(compiled)} kernels in {time.perf_counter() - t0:.0f} s with {jobs} processes "
+          f"({len(set(specs)) - len(compiled)} were in the code cache; {len(failed)} failed, measured as failed)",
+          flush=True)
     for spec, error in list(failed.items())[:5]:
         print(f"  {spec.shape.key()} {spec.label()}: {error}")
 

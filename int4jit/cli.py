@@ -211,24 +211,24 @@ def _build_one(spec) -> str | None:
     return None
 
 
-def compile_specs(specs, jobs: int, desc: str = "compile") -> dict:
+def compile_specs(specs, jobs: int, desc: str = "compile") -> tuple[list, dict]:
     """Compile the specs the code cache lacks, in `jobs` processes (spawned, not forked: the
     caller may hold a GPU context; in this process when jobs is 1), with a progress bar.
-    -> {spec: first line of its error} for those that failed; compiler.build raises their
-    whole log again when one is used."""
+    -> (the specs it compiled, {spec: first line of its error} for those that failed);
+    compiler.build raises a failed one's whole log again when it is used."""
     todo = [s for s in dict.fromkeys(specs) if not compiler.is_cached(s)]
     from tqdm import tqdm
     bar = lambda it: tqdm(it, total=len(todo), desc=desc, unit="kernel", file=sys.stderr, disable=None)
     if jobs <= 1 or len(todo) <= 1:
         results = ((s, _build_one(s)) for s in todo)
-        return {s: err for s, err in bar(results) if err is not None}
+        return todo, {s: err for s, err in bar(results) if err is not None}
     failed = {}
     with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(_build_one, s): s for s in todo}
         for f in bar(as_completed(futures)):
             if f.result() is not None:
                 failed[futures[f]] = f.result()
-    return failed
+    return todo, failed
 
 
 def _warm_specs(shape: GemvShape, arch: str, exhaustive) -> list:
