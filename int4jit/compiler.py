@@ -1,5 +1,6 @@
 """Render a KernelSpec's template and compile it once: hiprtc for gfx*, NVRTC for sm_*.
-Code objects are cached on disk, content-addressed; the in-process memo is keyed by the spec."""
+Code objects are cached on disk, content-addressed; the in-process memo is keyed by the code
+dir and the spec, so a cache dir set later in the process still gets every kernel it is asked for."""
 from __future__ import annotations
 
 import json
@@ -54,7 +55,7 @@ def code_object_path(key: str) -> Path:
     return cache.code_dir() / key[:2] / f"{key}.bin"
 
 
-_memo: dict[KernelSpec, CompiledKernel] = {}
+_memo: dict[tuple[Path, KernelSpec], CompiledKernel] = {}
 _memo_lock = threading.Lock()
 
 
@@ -68,11 +69,12 @@ def _source_and_key(spec: KernelSpec):
 
 def build(spec: KernelSpec) -> CompiledKernel:
     """The compiled kernel for `spec`, from memory, the disk cache, or the compiler."""
-    hit = _memo.get(spec)
+    memo_key = (cache.code_dir(), spec)
+    hit = _memo.get(memo_key)
     if hit is not None:
         return hit
     mod, name, source, options, key = _source_and_key(spec)
-    path = code_object_path(key)
+    path = memo_key[0] / key[:2] / f"{key}.bin"
     binary = cache.read_code_object(path)
     if binary is not None:
         trace("code cache hit %s for %s %s (%s)", key[:12], spec.shape.key(), spec.label(), spec.arch)
@@ -84,17 +86,18 @@ def build(spec: KernelSpec) -> CompiledKernel:
         cache.write_code_object(path, binary)
     compiled = CompiledKernel(spec, binary, mod.NAME, key)
     with _memo_lock:
-        _memo[spec] = compiled
+        _memo[memo_key] = compiled
     return compiled
 
 
 def is_cached(spec: KernelSpec) -> bool:
     """Whether `spec`'s code object is in memory or on disk (no compile)."""
-    return spec in _memo or code_object_path(_source_and_key(spec)[-1]).is_file()
+    return (cache.code_dir(), spec) in _memo or code_object_path(_source_and_key(spec)[-1]).is_file()
 
 
 def forget(compiled: CompiledKernel):
     """Drop a kernel whose binary failed to load: its cached file and memo entry go."""
     cache.discard(code_object_path(compiled.key))
     with _memo_lock:
-        _memo.pop(compiled.spec, None)
+        for memo_key in [k for k, v in _memo.items() if v is compiled]:
+            del _memo[memo_key]

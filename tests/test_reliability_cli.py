@@ -141,8 +141,6 @@ def test_every_option_has_help():
 
 def test_cache_list_lists_entries(capsys):
     require_compiler("cuda")
-    # a shape no other test builds: kernels built earlier in the process are not written to
-    # this test's cache dir (the strict xfail below pins that bug)
     assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--shapes", "1152x640"]) == 0
     capsys.readouterr()
     assert cli.main(["cache", "list"]) == 0
@@ -171,8 +169,6 @@ def test_warm_jobs_must_be_a_positive_count(capsys):
     assert "--jobs: expected a whole number of 1 or more" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: compiler._memo is keyed by spec alone, so a kernel built "
-                   "earlier in the process is not written to a cache dir set later (key it by the code dir too)")
 def test_warm_writes_into_a_cache_dir_set_after_the_kernels_were_built(tmp_path, monkeypatch, capsys):
     require_compiler("cuda")
     assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--shapes", "1024x512"]) == 0
