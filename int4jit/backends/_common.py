@@ -1,6 +1,8 @@
-"""Pieces both backends share: the checked-call helper, event timing, a bounded memo."""
+"""Pieces both backends share: the checked-call helper, event timing, a bounded memo, switching
+the calling thread's current device."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 from ..errors import DriverError
@@ -56,3 +58,27 @@ def median_event_ms(events, run, repeats: int) -> float:
     finally:
         events.destroy(start)
         events.destroy(stop)
+
+
+class ThreadCurrent:
+    """make_current and active, for a device that is made current per thread (a CUDA context, a
+    HIP device ordinal). The backend's Device gives `_mine` (its own), `_current()` (the calling
+    thread's) and `_set_current(which)`."""
+
+    def make_current(self):
+        """Make this device the calling thread's current one, and leave it so."""
+        if self._current() != self._mine:
+            self._set_current(self._mine)
+
+    @contextlib.contextmanager
+    def active(self):
+        """This device current for the block; the thread's previous one restored after."""
+        prev = self._current()
+        if prev == self._mine:
+            yield self
+            return
+        self._set_current(self._mine)
+        try:
+            yield self
+        finally:
+            self._set_current(prev)

@@ -1,7 +1,6 @@
 """NVIDIA backend: NVRTC (cuda-bindings) compiles to cubin; the driver API loads and launches."""
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
@@ -13,7 +12,7 @@ import numpy as np
 from ..errors import BackendUnavailable, CompileError, DriverError
 from ..trace import trace
 from ._args import PackedArgs
-from ._common import MadeOnMiss, make_check, median_event_ms, status_name
+from ._common import MadeOnMiss, ThreadCurrent, make_check, median_event_ms, status_name
 
 NAME = "cuda"
 BINARY_KIND = "cubin"
@@ -201,7 +200,7 @@ def available() -> tuple[bool, str]:
     return (count > 0, "" if count > 0 else "no CUDA device")
 
 
-class Device:
+class Device(ThreadCurrent):
     """One CUDA device, used through its primary context (shared with torch and cupy). Every call
     that needs a context runs with this device's current and leaves the calling thread's own
     current context as it found it: several devices can be driven from one thread, and torch
@@ -213,7 +212,7 @@ class Device:
         self.ordinal = ordinal
         self._dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
         self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
-        self._ctx_id = int(self._ctx)
+        self._ctx_id = self._mine = int(self._ctx)
         self._c_ctx = ctypes.c_void_p(self._ctx_id)
         self._probe_context, self._put_context = _context_calls(drv)
         attr = drv.CUdevice_attribute
@@ -242,33 +241,15 @@ class Device:
         return int(check(self._drv.cuDeviceTotalMem(self._dev), "cuDeviceTotalMem"))
 
     # -- context -----------------------------------------------------------------------
-    def _current_context(self):
+    def _current(self):
         """The calling thread's current context, an int (None: no context is current)."""
         buf = _thread_context.buf
         self._probe_context(buf)
         return buf[0]
 
-    def _set_context(self, ctx):
+    def _set_current(self, ctx):
         if err := self._put_context(ctypes.c_void_p(ctx)):
             raise DriverError(NAME, "cuCtxSetCurrent", self._status(err))
-
-    def make_current(self):
-        """Make this device's context the calling thread's current one, and leave it so."""
-        if self._current_context() != self._ctx_id:
-            self._set_context(self._ctx_id)
-
-    @contextlib.contextmanager
-    def active(self):
-        """This device's context current for the block; the thread's previous one restored after."""
-        prev = self._current_context()
-        if prev == self._ctx_id:
-            yield self
-            return
-        self._set_context(self._ctx_id)
-        try:
-            yield self
-        finally:
-            self._set_context(prev)
 
     def _in_context(self, launch_here, args: PackedArgs, stream: int, prev):
         """A launch made while another context (`prev`, or none) is current: ours around it."""
@@ -277,7 +258,7 @@ class Device:
         try:
             launch_here(args, stream)
         finally:
-            self._set_context(prev)
+            self._set_current(prev)
 
     # -- code --------------------------------------------------------------------------
     def load(self, binary: bytes, kernel: str):

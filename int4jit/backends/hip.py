@@ -2,7 +2,6 @@
 and launches. The same interface as backends/cuda.py, call for call."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -12,7 +11,7 @@ import numpy as np
 from ..errors import BackendUnavailable, CompileError, DriverError
 from ..trace import trace
 from ._args import PackedArgs
-from ._common import MadeOnMiss, make_check, median_event_ms, status_name
+from ._common import MadeOnMiss, ThreadCurrent, make_check, median_event_ms, status_name
 
 NAME = "hip"
 BINARY_KIND = "hsaco"
@@ -251,7 +250,7 @@ def available() -> tuple[bool, str]:
     return (count > 0, "" if count > 0 else "no HIP device")
 
 
-class Device:
+class Device(ThreadCurrent):
     """One HIP device. Launch path written symmetric with backends/cuda.py; not run in CI. Every
     call that needs a device runs with this one current and leaves the calling thread's own
     current device as it found it: several devices can be driven from one thread, and torch or
@@ -259,7 +258,7 @@ class Device:
 
     def __init__(self, ordinal: int = 0):
         self._hip = hip = _hip()
-        self.ordinal = ordinal
+        self.ordinal = self._mine = ordinal
         props = hip.hipDeviceProp_t()
         check(hip.hipGetDeviceProperties(props, ordinal), "hipGetDeviceProperties")
         gcn = props.gcnArchName
@@ -285,38 +284,20 @@ class Device:
         return int(check(self._hip.hipDeviceTotalMem(self.ordinal), "hipDeviceTotalMem"))
 
     # -- context -----------------------------------------------------------------------
-    def _current_device(self) -> int:
+    def _current(self) -> int:
         """The calling thread's current device ordinal."""
         return check(self._hip.hipGetDevice(), "hipGetDevice")
 
-    def _set_device(self, ordinal: int):
+    def _set_current(self, ordinal: int):
         check(self._hip.hipSetDevice(ordinal), "hipSetDevice")
-
-    def make_current(self):
-        """Make this device the calling thread's current one, and leave it so."""
-        if self._current_device() != self.ordinal:
-            self._set_device(self.ordinal)
-
-    @contextlib.contextmanager
-    def active(self):
-        """This device current for the block; the thread's previous one restored after."""
-        prev = self._current_device()
-        if prev == self.ordinal:
-            yield self
-            return
-        self._set_device(self.ordinal)
-        try:
-            yield self
-        finally:
-            self._set_device(prev)
 
     def _in_context(self, launch_here, args: PackedArgs, stream: int, prev: int):
         """A launch made while another device (`prev`) is current: ours around it."""
-        self._set_device(self.ordinal)
+        self._set_current(self.ordinal)
         try:
             launch_here(args, stream)
         finally:
-            self._set_device(prev)
+            self._set_current(prev)
 
     # -- code --------------------------------------------------------------------------
     def load(self, binary: bytes, kernel: str):
@@ -336,7 +317,7 @@ class Device:
         return self._launchers[(fn, grid, block)]
 
     def _make_launcher(self, fn, grid: int, block: int):
-        launch, in_context, current, ordinal = self._hip.hipModuleLaunchKernel, self._in_context, self._current_device, self.ordinal
+        launch, in_context, current, ordinal = self._hip.hipModuleLaunchKernel, self._in_context, self._current, self.ordinal
 
         def run_here(args: PackedArgs, stream: int = 0):
             # HIP takes arguments as one packed buffer through `extra`; hip-python wants None
