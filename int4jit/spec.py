@@ -229,8 +229,7 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
                   exhaustive: bool = False, pdl: bool = True, base: Variant | None = None) -> list[Variant]:
     """The variants the tuner measures at one (BS, TN) around `base` (the default variant when
     None), base first. The default search flips one field at a time (streaming, one_wave, loads,
-    prefetch; raw_a too at several tokens); exhaustive adds kcluster (sm_90), prefetch=2 and
-    raw_a at one token."""
+    prefetch); exhaustive adds kcluster (sm_90) and raw_a combinations."""
     if kernel == "tc_batch":  # its one knob: weight loads in flight a lane
         return [SIMT_VARIANT, replace(SIMT_VARIANT, loads=8)]
     if kernel != "tc":
@@ -247,12 +246,12 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
     add(replace(base, one_wave=True))
     add(replace(base, loads=8))
     add(replace(base, prefetch=0 if base.prefetch else 1))
-    if base.streaming and (exhaustive or shape.M > 1):  # no size rule for raw_a was measured at several tokens
-        add(replace(base, raw_a=not base.raw_a))
     if exhaustive:
         add(replace(base, prefetch=2))
         if arch_number(arch) >= 90:
             add(replace(base, kcluster=2))
+        if base.streaming:
+            add(replace(base, raw_a=not base.raw_a))
     return out
 
 
@@ -262,9 +261,9 @@ def arch_number(arch: str) -> int:
 
 def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant, pdl: bool = True) -> Variant:
     """The variant as it will be built: fields that cannot apply are reset (raw_a needs
-    streaming, and exact A: one token or groups of 128 and more; kcluster needs sm_90, one token and K of two steps or more;
+    streaming and one token; kcluster needs sm_90, one token and K of two steps or more;
     prefetch and early need PDL on sm_90; early streams)."""
-    if v.raw_a and (not v.streaming or (shape.M > 1 and shape.group < 128)):
+    if v.raw_a and (not v.streaming or shape.M > 1):
         v = replace(v, raw_a=False)
     if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster or shape.M > 1):
         v = replace(v, kcluster=1)

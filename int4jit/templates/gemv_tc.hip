@@ -30,9 +30,7 @@
 // for every row: a second mma per step with a constant A (1024 / 64 on rows g, 1 on rows g+8)
 // gives C = 1024 sum x_even + 64 sum x_odd and S = sum x in every lane, and the fold takes
 // D - C - z S. Exact products still; the sums lose ~7 bits of fp32 to the 1024 offset. bf16:
-// A = 128 + q on both nibbles, C = 128 S. C and S are per token: with several tokens (GROUP >= 128;
-// SCALED rounds A, so it has no raw form) lane (g, t) sums token g's, and takes those of its D
-// columns' tokens 2t and 2t + 1 from lanes 8t and 8t + 4.
+// A = 128 + q on both nibbles, C = 128 S. One token only (C and S are per token).
 // XPERM: x is staged in shared memory already paired as the mma's B wants it (no PRMT per step).
 // WIDE_SCALES: on the diagonal, a lane folds two adjacent chunks of a row; with whole steps their
 // scales are adjacent (and aligned) in the row, so they come in one load (docs/performance.md).
@@ -92,7 +90,7 @@ static_assert(KC == 1 || __CUDA_ARCH__ >= 900, "a K split over the blocks of a c
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
 static_assert(GROUP < 128 || K % 128 == 0, "GROUP >= 128 implies whole steps");
 static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
-static_assert(!RAW_A || !SCALED, "raw_a needs exact A: one token, or groups of 128 and more");
+static_assert(!RAW_A || M == 1, "raw_a is one token's");
 static_assert((!XSMEM && KC == 1) || M == 1, "x staging and cluster K splits are one token's");
 
 // A scale as fp32, and fp32 as the output type.
@@ -206,17 +204,6 @@ __device__ __forceinline__ void tc_offsets(float (&cs)[SEGS][4], const u32 (&xp)
             cs[seg][e] = BF16 ? 128.0f * (eo[e] + eo[2 + e]) : fmaf(1024.0f, eo[e], 64.0f * eo[2 + e]);
             cs[seg][2 + e] = eo[e] + eo[2 + e];
         }
-        if constexpr (M > 1) {
-            // These are token g's (every lane of lane group g holds them); D columns 2t and
-            // 2t + 1 are tokens 2t and 2t + 1, whose offsets lane groups 2t and 2t + 1 hold.
-            const float c = cs[seg][0], s = cs[seg][2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int from = 8 * (threadIdx.x % 4) + 4 * e;
-                cs[seg][e] = warp_from(c, from);
-                cs[seg][2 + e] = warp_from(s, from);
-            }
-        }
     }
 }
 
@@ -269,15 +256,13 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2][MT], const u32 (&wq)[2][
                 const int j = seg * SEG_WORDS + jj;
                 tc_word_raw(d, wq[0][j], wq[1][j], xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
             }
-            // D - C - z S per D column: columns 2t, 2t+1 (on the diagonal two chunks of one token,
-            // with their own scales and zero points; with several tokens two tokens), else 2t only.
+            // D - C - z S per D column; columns 2t, 2t+1 on the diagonal, else column 2t only.
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
-                for (int e = 0; e < (DIAG ? 2 : MT); ++e) {
-                    const int c = DIAG ? e : 0;
-                    const float z = SYMMETRIC ? 8.0f : (float)zp[h][c][seg];
-                    acc[h][M > 1 ? e : 0] += (d[2 * h + e] - fmaf(z, cs[seg][2 + e], cs[seg][e])) * scale_f(sc[h][c][seg]);
+                for (int e = 0; e < (DIAG ? 2 : 1); ++e) {
+                    const float z = SYMMETRIC ? 8.0f : (float)zp[h][e][seg];
+                    acc[h][0] += (d[2 * h + e] - fmaf(z, cs[seg][2 + e], cs[seg][e])) * scale_f(sc[h][e][seg]);
                 }
         }
         return;

@@ -84,9 +84,6 @@ __device__ __forceinline__ u16 f_to_bf16(float f) {
 __device__ __forceinline__ float warp_xor(float v, int mask) {
     return __shfl_xor_sync(0xffffffffu, v, mask);
 }
-__device__ __forceinline__ float warp_from(float v, int lane) {
-    return __shfl_sync(0xffffffffu, v, lane);
-}
 
 // Dot product of 16-element pieces: (q - z) and x are exact fp16, so widening both to
 // fp32 makes every product exact and the sum fp32-accurate (half2 accumulation is not:

@@ -44,7 +44,6 @@ __device__ __forceinline__ u16 f_to_bf16(float f) {
     return (u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 __device__ __forceinline__ float warp_xor(float v, int mask) { return __shfl_xor(v, mask, I4_WARP); }
-__device__ __forceinline__ float warp_from(float v, int lane) { return __shfl(v, lane, I4_WARP); }
 
 // Dot product of 16-element pieces, accumulated in fp32.
 typedef float dot_acc_t;
