@@ -4,6 +4,11 @@ heuristic can be scored against the winners (bench/score_heuristic.py).
 
     python3 bench/make_table.py [--out-dir DIR]      # needs a GPU; merges into table.json
     python3 bench/make_table.py --groups 32          # re-tune a part: rows and records of the rest stay
+    python3 bench/make_table.py --dtype bfloat16 --groups 128 --search default   # bf16 rows (fp16 scales)
+
+A bf16 row serves bf16 activations with either scale type; without one, a bf16 token takes the
+fp16 row (int4jit.tuner.table_entry). `--search default` tunes as a user's first call does (a
+row records it as "search": "default"); the shipped fp16 rows are exhaustive.
 
 Every candidate is compiled first in parallel processes (bench/common.compile_all), then measured.
 
@@ -52,7 +57,11 @@ def main():
     ap.add_argument("--groups", default=",".join(map(str, GROUPS)), help="comma-separated group sizes (default 32,128)")
     ap.add_argument("--models", default=",".join(SUITE), help=f"comma-separated, of {', '.join(SUITE)}")
     ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="compile processes (default: one a CPU)")
+    ap.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16", help="activations (scales fp16)")
+    ap.add_argument("--search", choices=("exhaustive", "default"), default="exhaustive",
+                    help="the tuner's search (default: exhaustive, the 20-point grid and every variant field)")
     args = ap.parse_args()
+    exhaustive = args.search == "exhaustive"
     groups = [int(g) for g in args.groups.split(",")]
     models = [m for m in args.models.split(",") if m]
     if any(m not in SUITE for m in models):
@@ -63,19 +72,20 @@ def main():
     detail_path = Path(args.out_dir) / f"tuning-{dev.arch}.json"
     old = json.loads(detail_path.read_text())["records"] if detail_path.exists() else {}
     detail = {"device": dev.name, "arch": dev.arch, "date": time.strftime("%Y-%m-%d"), "records": old}
-    todo = [(model, GemvShape(N, K, g, sym)) for model in models for N, K in SUITE[model] for g in groups
+    todo = [(model, GemvShape(N, K, g, sym, 1, args.dtype)) for model in models for N, K in SUITE[model] for g in groups
             for sym in {"both": (False, True), "asym": (False,), "sym": (True,)}[args.symmetry]]
     targets = {shape: plan.target(shape, dev.arch, dev) for _, shape in todo}
     compile_all([spec for shape, (_, kernel, pdl) in targets.items()
-                 for spec in tuner.search_space(shape, dev.arch, kernel, dev, exhaustive=True, pdl=pdl)], args.jobs)
+                 for spec in tuner.search_space(shape, dev.arch, kernel, dev, exhaustive=exhaustive, pdl=pdl)], args.jobs)
     t_all = time.perf_counter()
     for model, shape in todo:
         t0 = time.perf_counter()
         _, kernel, pdl = targets[shape]
-        rec, best = tuner.autotune(shape, kernel, dev, exhaustive=True, pdl=pdl)
+        rec, best = tuner.autotune(shape, kernel, dev, exhaustive=exhaustive, pdl=pdl)
         variant = {k: v for k, v in rec.config.items() if k not in ("BS", "TN")}
         rows[shape.key()] = {"config": [best.config.BS, best.config.TN], "us": round(rec.us, 3),
-                             "model": model, **({"variant": variant} if variant else {})}
+                             "model": model, **({"variant": variant} if variant else {}),
+                             **({} if exhaustive else {"search": "default"})}
         detail["records"][shape.key()] = rec.candidates
         print(f"{model:13s} {shape.key():24s} -> {best.label()} {rec.us:8.2f} us "
               f"({shape.bytes_moved / rec.us / 1e3:5.0f} GB/s) tuned in {time.perf_counter() - t0:.1f} s",

@@ -123,16 +123,19 @@ def shipped_table(path: Path = TABLE_PATH) -> dict:
 
 def table_entry(shape: GemvShape, arch: str) -> tuple[Override, str] | None:
     """(row, its key) of the shipped table (measured under the default kernel choice) for
-    (arch, shape). One bf16 token takes the fp16 row of its (N, K, group): one token's kernel
-    choice does not depend on the dtype, so that row was measured on the same kernel, with the
-    same loads and steps and fp16 in place of bf16 arithmetic."""
+    (arch, shape). A row of the activation type serves either scale type (the scales' type
+    changes one conversion a group). Without a bf16 row, one bf16 token takes the fp16 row of
+    its (N, K, group): one token's kernel choice does not depend on the dtype, so that row was
+    measured on the same kernel, with the same loads and steps and fp16 in place of bf16
+    arithmetic (bf16 rows exist where that build measured slower, e.g. 35840x5120)."""
     rows = shipped_table().get(arch, {})
-    key = shape.key()
-    if key not in rows and shape.M == 1:
-        key = replace(shape, dtype="float16", scale_dtype="float16").key()
-    row = rows.get(key)
-    if row is None:
+    keys = [shape.key(), replace(shape, scale_dtype="float16").key()]
+    if shape.M == 1:
+        keys.append(replace(shape, dtype="float16", scale_dtype="float16").key())
+    key = next((k for k in keys if k in rows), None)
+    if key is None:
         return None
+    row = rows[key]
     return Override(LaunchConfig(*row["config"]), _fields(row.get("variant") or {}, "table.json")), key
 
 

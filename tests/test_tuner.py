@@ -204,6 +204,24 @@ def test_one_bf16_token_takes_the_fp16_table_row(table, bench):
     assert bench.calls == []
 
 
+def test_a_bf16_row_serves_bf16_tokens_of_either_scale_type_before_the_fp16_row(table, bench):
+    """Where the table has a row measured with bf16 activations (fp16 scales), bf16 tokens take it
+    whatever their scales' type; fp16 tokens and several bf16 tokens do not."""
+    from dataclasses import replace
+    dev = FakeDevice()
+    bf = replace(SHAPE, dtype="bfloat16")
+    table.write_text(json.dumps({"sm_90": {SHAPE.key(): {"config": [512, 16], "us": 1.0},
+                                           bf.key(): {"config": [128, 2], "variant": {"streaming": True}, "us": 1.0}}}))
+    for scales in ("float16", "bfloat16"):
+        p = plan.plan(replace(bf, scale_dtype=scales), "sm_90", dev, tune=False)
+        assert (p.tier, p.spec.config, p.spec.variant.streaming) == ("table", LaunchConfig(128, 2), True)
+        assert bf.key() in p.reason
+    p = plan.plan(SHAPE, "sm_90", dev, tune=False)
+    assert (p.tier, p.spec.config) == ("table", LaunchConfig(512, 16))
+    assert plan.plan(replace(bf, M=2), "sm_90", dev, tune=False).tier == "heuristic"
+    assert bench.calls == []
+
+
 @pytest.mark.parametrize("differs", ["kernel", "template", "device", "compiler", "int4jit"])
 def test_db_record_from_another_kernel_or_context_is_not_used(differs, monkeypatch, caplog, bench, no_table):
     """Issue 17 item 3. A record answers one problem on one kernel (its key) measured in one
