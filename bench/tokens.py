@@ -71,7 +71,7 @@ def main():
     compile_all(specs_to_compile(shapes, groups, tokens, list(dtypes)), args.jobs)
     date = datetime.date.today().isoformat()
     doc = {"date": date, "device": torch.cuda.get_device_name(), "tokens": tokens, "groups": groups,
-           "int4jit": int4jit.__version__, "rows": []}
+           "int4jit": int4jit.__version__, "command": " ".join(["python3 bench/tokens.py", *sys.argv[1:]]), "rows": []}
     rows = doc["rows"]
     json_path = RESULTS_DIR / f"tokens-{date}.json"
     print("| N×K | g | dtype | " + " | ".join(f"M={m} µs" for m in tokens) + " | bf16/fp16 M=1 | M=8 / M=1 fp16 | kernels | worst rel err |")
