@@ -61,8 +61,8 @@ def median_event_ms(events, run, repeats: int) -> float:
 
 
 class ThreadCurrent:
-    """make_current and active, for a device that is made current per thread (a CUDA context, a
-    HIP device ordinal). The backend's Device gives `_mine` (its own), `_current()` (the calling
+    """make_current, active and a launch made in this device's context, for a device that is made
+    current per thread (a CUDA context, a HIP device ordinal). The backend's Device gives `_mine` (its own), `_current()` (the calling
     thread's) and `_set_current(which)`."""
 
     def make_current(self):
@@ -80,5 +80,13 @@ class ThreadCurrent:
         self._set_current(self._mine)
         try:
             yield self
+        finally:
+            self._set_current(prev)
+
+    def _in_context(self, launch_here, args, stream: int, prev):
+        """A launch made while another device (`prev`, or none) is current: ours around it."""
+        self._set_current(self._mine)
+        try:
+            launch_here(args, stream)
         finally:
             self._set_current(prev)

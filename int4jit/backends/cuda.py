@@ -213,7 +213,6 @@ class Device(ThreadCurrent):
         self._dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
         self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         self._ctx_id = self._mine = int(self._ctx)
-        self._c_ctx = ctypes.c_void_p(self._ctx_id)
         self._probe_context, self._put_context = _context_calls(drv)
         attr = drv.CUdevice_attribute
         get = lambda a: check(drv.cuDeviceGetAttribute(a, self._dev), "cuDeviceGetAttribute")
@@ -250,15 +249,6 @@ class Device(ThreadCurrent):
     def _set_current(self, ctx):
         if err := self._put_context(ctypes.c_void_p(ctx)):
             raise DriverError(NAME, "cuCtxSetCurrent", self._status(err))
-
-    def _in_context(self, launch_here, args: PackedArgs, stream: int, prev):
-        """A launch made while another context (`prev`, or none) is current: ours around it."""
-        if err := self._put_context(self._c_ctx):
-            raise DriverError(NAME, "cuCtxSetCurrent", self._status(err))
-        try:
-            launch_here(args, stream)
-        finally:
-            self._set_current(prev)
 
     # -- code --------------------------------------------------------------------------
     def load(self, binary: bytes, kernel: str):

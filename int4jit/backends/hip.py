@@ -291,14 +291,6 @@ class Device(ThreadCurrent):
     def _set_current(self, ordinal: int):
         check(self._hip.hipSetDevice(ordinal), "hipSetDevice")
 
-    def _in_context(self, launch_here, args: PackedArgs, stream: int, prev: int):
-        """A launch made while another device (`prev`) is current: ours around it."""
-        self._set_current(self.ordinal)
-        try:
-            launch_here(args, stream)
-        finally:
-            self._set_current(prev)
-
     # -- code --------------------------------------------------------------------------
     def load(self, binary: bytes, kernel: str):
         with self.active():
