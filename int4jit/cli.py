@@ -15,7 +15,8 @@ from . import backends, cache, compiler, env, plan, tuner
 from ._version import __version__
 from .errors import BackendUnavailable, CompileError, Int4JitError
 from .reference import dequantize, random_problem, reference_gemv
-from .shapes import SUPPORTED_GROUPS, GemvShape
+from .shapes import ACTIVATION_DTYPES, SUPPORTED_GROUPS, GemvShape
+from .spec import make_dequant_spec
 
 DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
 DEFAULT_TARGETS = ["sm_90", "gfx90a", "gfx1030"]
@@ -231,12 +232,31 @@ def compile_specs(specs, jobs: int, desc: str = "compile") -> tuple[list, dict]:
     return todo, failed
 
 
+def _warm_plan(shape: GemvShape, arch: str, exhaustive) -> tuple:
+    """(plan, specs) of `warm --compile-only` for one shape on one target: the specs are the
+    planned kernel, its fixed-weights (early) build, every candidate the runtime tuner would
+    measure, and the dequantising kernel Int4Linear's prefill launches (in the activations' type)."""
+    p = plan.plan(shape, arch, None, exhaustive=exhaustive)
+    return p, [p.spec, plan.plan(shape, arch, None, exhaustive=exhaustive, fixed_weights=True).spec,
+               *plan.search_space(shape, arch, exhaustive=exhaustive), make_dequant_spec(shape, p.spec.arch, shape.dtype)]
+
+
 def _warm_specs(shape: GemvShape, arch: str, exhaustive) -> list:
-    """What `warm --compile-only` builds for one shape on one target: the planned kernel, its
-    fixed-weights (early) build, and every candidate the runtime tuner would measure."""
-    return [plan.plan(shape, arch, None, exhaustive=exhaustive).spec,
-            plan.plan(shape, arch, None, exhaustive=exhaustive, fixed_weights=True).spec,
-            *plan.search_space(shape, arch, exhaustive=exhaustive)]
+    return _warm_plan(shape, arch, exhaustive)[1]
+
+
+def parse_dtypes(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in ACTIVATION_DTYPES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected {' or '.join(ACTIVATION_DTYPES)}, comma-separated; got {text[:60]!r}")
+    return list(dict.fromkeys(names))
+
+
+def _table_us(p) -> str:
+    """The shipped table's time for a table-tier plan (its row may be the fp16 one of a bf16 shape)."""
+    hit = tuner.table_entry(p.spec.shape, p.spec.arch)
+    return f"{tuner.shipped_table()[p.spec.arch][hit[1]].get('us', float('nan')):.2f}" if hit else "-"
 
 
 def cmd_warm(args) -> int:
@@ -250,40 +270,48 @@ def cmd_warm(args) -> int:
     else:
         device = backends.device()
         archs = [device.arch]
-    rows, failures = [], []
+    exhaustive = args.exhaustive or None
+    work = [(GemvShape(N, K, args.group, args.symmetric, 1, dtype), arch)
+            for N, K in shapes for dtype in args.dtype for arch in archs]
+    planned = {}  # compile-only: (shape, arch) -> _warm_plan's (plan, specs), or the error planning raised
     if args.compile_only:  # every build first, in parallel; the loop below then reads the cache
-        specs = []
-        for (N, K) in shapes:
-            for arch in archs:
-                try:
-                    specs += _warm_specs(GemvShape(N, K, args.group, args.symmetric), arch, args.exhaustive or None)
-                except Int4JitError:  # the loop below reports it, on its row
-                    pass
-        compile_specs(specs, args.jobs, "warm: compile")
-    for N, K in _progress(shapes, "warm"):
-        shape = GemvShape(N, K, args.group, args.symmetric)
-        for arch in archs:
-            t0 = time.perf_counter()
+        for item in work:
             try:
-                p = plan.plan(shape, arch, device, exhaustive=args.exhaustive or None)
-                ck = compiler.build(p.spec)
-                # what GemvWeights / Int4Linear launch for the shape (the early build, where it applies)
-                compiler.build(plan.plan(shape, arch, device, exhaustive=args.exhaustive or None, fixed_weights=True).spec)
-                if args.compile_only:  # pre-warm what tier 4 would compile at run time, too
-                    for spec in plan.search_space(shape, arch, exhaustive=args.exhaustive or None):
-                        compiler.build(spec)  # built above: a cache read, or the error with its log
-            except Int4JitError as e:  # one target failing must not hide the others' results
-                failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
-                rows.append((f"{N}x{K}", f"g{args.group}", arch, "-", "FAILED", "-", f"{time.perf_counter() - t0:.2f}", "-"))
-                continue
-            us = "-"
-            if p.tier in ("tuned", "db"):
-                rec = tuner.TuningDB(p.spec.arch).get(tuner.db_key(shape, p.spec.kernel), {})
-                us = f"{rec.us:.2f}" if rec is not None else "-"
-            elif p.tier == "table":
-                us = f"{tuner.shipped_table()[arch][shape.key()].get('us', float('nan')):.2f}"
-            rows.append((f"{N}x{K}", f"g{args.group}", arch, p.spec.label(), p.tier, us,
-                         f"{time.perf_counter() - t0:.2f}", ck.key[:12]))
+                planned[item] = _warm_plan(*item, exhaustive)
+            except Int4JitError as e:  # the loop below reports it, on its row
+                planned[item] = e
+        compile_specs([s for done in planned.values() if isinstance(done, tuple) for s in done[1]],
+                      args.jobs, "warm: compile")
+    rows, failures = [], []
+    for shape, arch in _progress(work, "warm"):
+        label = f"{shape.N}x{shape.K}" + ("" if shape.dtype == "float16" else f"/{shape.dtype}")
+        t0 = time.perf_counter()
+        try:
+            if args.compile_only:
+                done = planned[(shape, arch)]
+                if isinstance(done, Int4JitError):
+                    raise done
+                p, specs = done
+            else:
+                p = plan.plan(shape, arch, device, exhaustive=exhaustive)  # tunes where the shape needs it
+                # what GemvWeights / Int4Linear launch: the early build where it applies, and prefill's
+                specs = [p.spec, plan.plan(shape, arch, device, exhaustive=exhaustive, fixed_weights=True).spec,
+                         make_dequant_spec(shape, p.spec.arch, shape.dtype)]
+            ck = compiler.build(p.spec)
+            for spec in specs:
+                compiler.build(spec)  # compile-only: built above, so a cache read, or the error with its log
+        except Int4JitError as e:  # one target failing must not hide the others' results
+            failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
+            rows.append((label, f"g{args.group}", arch, "-", "FAILED", "-", f"{time.perf_counter() - t0:.2f}", "-"))
+            continue
+        us = "-"
+        if p.tier in ("tuned", "db"):
+            rec = tuner.TuningDB(p.spec.arch).get(tuner.db_key(shape, p.spec.kernel), {})
+            us = f"{rec.us:.2f}" if rec is not None else "-"
+        elif p.tier == "table":
+            us = _table_us(p)
+        rows.append((label, f"g{args.group}", arch, p.spec.label(), p.tier, us,
+                     f"{time.perf_counter() - t0:.2f}", ck.key[:12]))
     _print_table(["shape", "group", "arch", "BS,TN", "tier", "us", "s", "code object"], rows)
     for f in failures:
         print(f"int4jit warm: {f}", file=sys.stderr)
@@ -429,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "candidates tuning would try")
     w.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
                    help="with --compile-only: compile processes (default: one a CPU)")
+    w.add_argument("--dtype", type=parse_dtypes, default=["float16"], metavar="float16,bfloat16",
+                   help="activation types the model runs in, comma-separated (default float16)")
     w.set_defaults(func=cmd_warm)
     t = sub.add_parser("tune", help="tune one shape on this GPU and print every candidate",
                        description="Benchmark every candidate for one shape on this GPU and store the winner.")

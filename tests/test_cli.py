@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from int4jit import cache, cli, compiler, plan
+from int4jit import cache, cli, compiler, plan, tuner
 from int4jit.shapes import GemvShape
+from int4jit.spec import make_dequant_spec
 
 from conftest import require_compiler
 
@@ -116,3 +117,35 @@ def test_warm_reports_a_target_the_compiler_cannot_build(capsys, monkeypatch):
     assert rc == 1
     assert "FAILED" in captured.out and "heuristic" in captured.out  # sm_90 still warmed
     assert "predates gfx1151" in captured.err
+
+
+def test_warm_compile_only_covers_bf16_models_and_their_prefill(capsys):
+    """--dtype bfloat16 warms what a bf16 model's Int4Linear launches: the bf16 kernel (from its
+    own table row where there is one, else the fp16 row of its shape), its early build, and the
+    dequantising kernel of prefill in bf16."""
+    require_compiler("cuda")
+    table = tuner.shipped_table()["sm_90"]
+    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--dtype", "float16,bfloat16",
+                     "--shapes", "4096x4096"]) == 0
+    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--dtype", "bfloat16", "--group", "32",
+                     "--shapes", "896x896"]) == 0
+    rows = {line.split()[0] + " " + line.split()[1]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.lstrip()[:1].isdigit()}
+    assert set(rows) == {"4096x4096 g128", "4096x4096/bfloat16 g128", "896x896/bfloat16 g32"}
+    bf = rows["4096x4096/bfloat16 g128"]
+    assert bf[4] == "table" and float(bf[5]) == pytest.approx(table["4096x4096/g128/asym/bfloat16"]["us"], abs=0.01)
+    assert float(rows["896x896/bfloat16 g32"][5]) == pytest.approx(table["896x896/g32/asym"]["us"], abs=0.01)
+    compiler._memo.clear()
+    for shape in (GemvShape(4096, 4096, 128, False, 1, "bfloat16"), GemvShape(896, 896, 32, False, 1, "bfloat16")):
+        assert compiler.is_cached(plan.plan(shape, "sm_90").spec)
+        assert compiler.is_cached(plan.plan(shape, "sm_90", fixed_weights=True).spec)
+        assert compiler.is_cached(make_dequant_spec(shape, "sm_90", "bfloat16"))
+    assert not compiler.is_cached(make_dequant_spec(GemvShape(896, 896, 32, False), "sm_90", "float16"))
+
+
+@pytest.mark.parametrize("value", ["float32", "", "float16,int8"])
+def test_warm_dtype_must_name_activation_types(value, capsys):
+    with pytest.raises(SystemExit) as refused:  # argparse's refusal: a usage line and the reason
+        cli.main(["warm", "--compile-only", "--dtype", value, "--shapes", "896x896"])
+    assert refused.value.code == 2
+    assert "--dtype: expected float16 or bfloat16" in capsys.readouterr().err
