@@ -116,14 +116,8 @@ def check_disjoint(cases: list[Case]):
 
 
 def parse_key(key: str) -> GemvShape:
-    """'4096x4096/g128/asym' -> GemvShape (one fp16 token: the shapes table.json and the
-    tuning files hold)."""
-    parts = key.split("/")
-    nk = parts[0].split("x")
-    if len(parts) != 3 or len(nk) != 2 or not parts[1].startswith("g") or parts[2] not in ("sym", "asym") \
-            or not all(p.isdigit() for p in (*nk, parts[1][1:])):
-        raise ValueError(f"bad shape key {key!r}: expected e.g. '4096x4096/g128/asym'")
-    return GemvShape(int(nk[0]), int(nk[1]), int(parts[1][1:]), parts[2] == "sym")
+    """'4096x4096/g128/asym' -> GemvShape (the keys table.json and the tuning files hold)."""
+    return GemvShape.from_key(key)
 
 
 # -- what is measured, and what each selection picks from it ---------------------------------

@@ -50,6 +50,28 @@ class GemvShape:
             + (f"/s{self.scale_dtype}" if self.scale_dtype != "float16" else "")
         return f"{self.N}x{self.K}/g{self.group}/{'sym' if self.symmetric else 'asym'}{extra}"
 
+    @classmethod
+    def from_key(cls, key: str) -> "GemvShape":
+        """The shape a key() names: '4096x4096/g128/asym', '4096x4096/g32/sym/m8/bfloat16', ..."""
+        expected = "expected e.g. '4096x4096/g128/asym' or '4096x4096/g32/sym/m8/bfloat16/sbfloat16'"
+        nk, _, rest = key.partition("/")
+        n, _, k = nk.partition("x")
+        parts = rest.split("/")
+        fields = {}
+        for part in parts[2:]:
+            name = ("M" if part[:1] == "m" and part[1:].isdigit() else "dtype" if part in ACTIVATION_DTYPES
+                    else "scale_dtype" if part[:1] == "s" and part[1:] in ACTIVATION_DTYPES else None)
+            if name is None or name in fields:
+                raise ValueError(f"bad shape key {key!r}: {part!r} is not a token count, dtype or scale dtype; {expected}")
+            fields[name] = int(part[1:]) if name == "M" else part.removeprefix("s") if name == "scale_dtype" else part
+        if not (n.isdigit() and k.isdigit() and len(parts) >= 2 and parts[0][:1] == "g" and parts[0][1:].isdigit()
+                and parts[1] in ("sym", "asym")):
+            raise ValueError(f"bad shape key {key!r}: {expected}")
+        shape = cls(int(n), int(k), int(parts[0][1:]), parts[1] == "sym", **fields)
+        if shape.key() != key:  # e.g. '/m1' or '/float16', which key() never writes
+            raise ValueError(f"bad shape key {key!r}: the shape it names is written {shape.key()!r}")
+        return shape
+
 
 @dataclass(frozen=True, order=True)
 class LaunchConfig:

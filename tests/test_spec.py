@@ -278,3 +278,23 @@ def test_several_tokens_fit_their_sums_in_shared_memory():
     s = make_spec(GemvShape(4096, 4096, 128, False, 8), "sm_90", "tc", LaunchConfig(512, 16))
     assert s.param("KSPLIT") * 8 * s.rows_per_block * 4 <= 48 << 10 and s.block == 32 * s.param("KSPLIT")
     assert make_spec(GemvShape(4096, 4096, 128, False), "sm_90", "tc", LaunchConfig(512, 16)).param("KSPLIT") == 16
+
+
+@pytest.mark.parametrize("shape", [GemvShape(4096, 4096, 128, False), GemvShape(896, 4864, 32, True, 8, "bfloat16"),
+                                   GemvShape(3001, 2080, 16, True, 16, "float16", "bfloat16"),
+                                   GemvShape(128256, 4096, 256, False, 1, "bfloat16", "bfloat16")])
+def test_a_shape_key_names_its_shape(shape):
+    assert GemvShape.from_key(shape.key()) == shape
+
+
+@pytest.mark.parametrize("key", ["4096x4096/g128", "4096x4096/g128/asym/m1", "4096x4096/g128/asym/float16",
+                                 "4096x4096/g128/asym/bfloat16/m8", "4096x4096/g128/asym/fp8", "4096/g128/asym",
+                                 "4096x4096/g128/asym/m8/m8", "4096x4096/128/asym", "4096x4096/g128/symmetric"])
+def test_a_malformed_or_unwritten_key_is_refused(key):
+    with pytest.raises(ValueError, match="bad shape key"):
+        GemvShape.from_key(key)
+
+
+def test_a_key_of_an_impossible_shape_says_why():
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        GemvShape.from_key("4096x4000/g128/asym")
