@@ -131,6 +131,12 @@ def _layer(rng, K, N, block):
     return q, z, s
 
 
+def _packed(q, block):
+    """q [N, K] as MatMulNBits' B: [N, K / block, block / 2] bytes."""
+    N, K = q.shape
+    return pack_nibbles(q).reshape(N, K // block, block // 2)
+
+
 def _g_idx(rng, K, block):
     order = rng.permutation(K)
     g = np.empty(K, np.int32)
@@ -148,7 +154,7 @@ def test_act_order_and_bias_against_onnxruntime(tmp_path, zero_points):
     g = _g_idx(rng, K, block)
     bias = rng.standard_normal(N).astype(np.float32)
     zp = z.astype(np.float32) if zero_points == "float" else ""
-    path = build_model(tmp_path / "m.onnx", {1: pack_nibbles(q).reshape(N, K // block, block // 2), 2: s, 3: zp, 4: g, 5: bias},
+    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s, 3: zp, 4: g, 5: bias},
                        dict(K=K, N=N, bits=4, block_size=block), K=K, N=N)
     x = rng.standard_normal(K).astype(np.float16).astype(np.float32)
     (wt,) = int4jit.onnx.load(path).values()
@@ -170,7 +176,7 @@ def test_act_order_packed_zero_points_and_ragged_k(tmp_path):
     g = np.arange(K) // block
     g = g[rng.permutation(K)].astype(np.int32)
     zp = int4jit.to_matmulnbits(pack_nibbles(q), s, z)[2]
-    path = build_model(tmp_path / "m.onnx", {1: pack_nibbles(q).reshape(N, kb, block // 2), 2: s, 3: zp, 4: g},
+    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s, 3: zp, 4: g},
                        dict(K=K, N=N, bits=4, block_size=block), K=K, N=N)
     (wt,) = int4jit.onnx.load(path).values()
     assert wt.K_padded == kb * block and wt.perm.shape == (wt.K_padded,)
@@ -185,7 +191,7 @@ def test_uneven_g_idx_groups_are_skipped_with_the_reason(tmp_path, caplog):
     q, z, s = _layer(rng, K, N, block)
     g = (np.arange(K) // block).astype(np.int32)
     g[:3] = 1
-    path = build_model(tmp_path / "m.onnx", {1: pack_nibbles(q).reshape(N, K // block, block // 2), 2: s, 4: g},
+    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s, 4: g},
                        dict(K=K, N=N, bits=4, block_size=block), name="odd", K=K, N=N)
     with caplog.at_level(logging.WARNING, logger="int4jit.onnx"):
         loaded = int4jit.onnx.load(path)
@@ -201,7 +207,7 @@ def test_mixed_model_keeps_the_readable_nodes(tmp_path):
     rng = np.random.default_rng()
     K, N, block = 128, 16, 32
     q, z, s = _layer(rng, K, N, block)
-    B4 = pack_nibbles(q).reshape(N, K // block, block // 2)
+    B4 = _packed(q, block)
     B8 = rng.integers(0, 256, (N, K // block, block), dtype=np.uint8)
     int8_node = helper.make_node("MatMulNBits", ["A", "B8", "t2"], ["Y8"], name="lm_head", domain="com.microsoft",
                                  K=K, N=N, bits=8, block_size=block)
@@ -230,7 +236,7 @@ def test_prepacked_node_with_unsupported_shape_is_refused_never_misread(tmp_path
     rng = np.random.default_rng()
     K, N, block = 96, 16, 32  # K % 64 != 0: not a shape the fpA_intB layout can hold
     q, z, s = _layer(rng, K, N, block)
-    path = build_model(tmp_path / "m.onnx", {1: pack_nibbles(q).reshape(N, K // block, block // 2), 2: s},
+    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s},
                        dict(K=K, N=N, bits=4, block_size=block, weight_prepacked=1), K=K, N=N)
     loaded = int4jit.onnx.load(path)
     assert list(loaded) == [] and "weight_prepacked=1" in loaded.skipped["proj"]
@@ -242,7 +248,7 @@ def test_missing_attribute_names_the_node_and_the_attribute(tmp_path, missing):
     K, N, block = 64, 16, 32
     q, z, s = _layer(rng, K, N, block)
     attrs = {k: v for k, v in dict(K=K, N=N, bits=4, block_size=block).items() if k != missing}
-    path = build_model(tmp_path / "m.onnx", {1: pack_nibbles(q).reshape(N, K // block, block // 2), 2: s}, attrs,
+    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s}, attrs,
                        name="layers.3.mlp", K=K, N=N)
     with pytest.raises(ValueError, match=rf"layers\.3\.mlp: MatMulNBits attribute '{missing}' is missing"):
         int4jit.onnx.load(path)
@@ -253,7 +259,7 @@ def test_scales_outside_fp16_name_the_node_and_tensor(tmp_path):
     K, N, block = 64, 16, 32
     q, z, s = _layer(rng, K, N, block)
     s[5, 1] = 1e6
-    path = build_model(tmp_path / "m.onnx", {1: pack_nibbles(q).reshape(N, K // block, block // 2), 2: s},
+    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s},
                        dict(K=K, N=N, bits=4, block_size=block), name="layers.7.o_proj", K=K, N=N)
     with pytest.raises(ValueError, match=r"layers\.7\.o_proj \(tensor 't2'.*overflow float16.*\(5, 1\)"):
         int4jit.onnx.load(path)
@@ -263,7 +269,7 @@ def test_bias_of_the_wrong_shape_is_an_error(tmp_path):
     rng = np.random.default_rng()
     K, N, block = 64, 16, 32
     q, z, s = _layer(rng, K, N, block)
-    path = build_model(tmp_path / "m.onnx", {1: pack_nibbles(q).reshape(N, K // block, block // 2), 2: s,
+    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s,
                                              5: np.zeros(N + 1, np.float32)},
                        dict(K=K, N=N, bits=4, block_size=block), name="p", K=K, N=N)
     with pytest.raises(ValueError, match=r"p: bias 't5' must be float \[N=16\]"):
