@@ -241,10 +241,6 @@ def _warm_plan(shape: GemvShape, arch: str, exhaustive) -> tuple:
                *plan.search_space(shape, arch, exhaustive=exhaustive), make_dequant_spec(shape, p.spec.arch, shape.dtype)]
 
 
-def _warm_specs(shape: GemvShape, arch: str, exhaustive) -> list:
-    return _warm_plan(shape, arch, exhaustive)[1]
-
-
 def parse_dtypes(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in names if t not in ACTIVATION_DTYPES]

@@ -155,9 +155,9 @@ def test_compile_specs_builds_in_worker_processes_and_reports_failures():
     from int4jit import compiler
     from int4jit.shapes import GemvShape
     shape = GemvShape(2560, 1536, 128, False)  # no other test builds it: nothing in this process's memory
-    specs = cli._warm_specs(shape, "sm_90", None)[:5]
+    specs = cli._warm_plan(shape, "sm_90", None)[1][:5]
     assert len(specs) == 5 and not any(compiler.is_cached(s) for s in specs)
-    bad = cli._warm_specs(shape, "gfx1100", None)[:1]  # a target Debian's ROCm 5.2 does not know
+    bad = cli._warm_plan(shape, "gfx1100", None)[1][:1]  # a target Debian's ROCm 5.2 does not know
     compiled, failed = cli.compile_specs(specs + bad, jobs=2)
     assert compiled == list(dict.fromkeys(specs + bad))  # each once, none of them cached before
     assert all(compiler.is_cached(s) for s in specs)  # on disk: the workers wrote them
