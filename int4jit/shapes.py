@@ -1,6 +1,7 @@
 """The keys that travel between modules: problem shape and launch geometry."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 SUPPORTED_GROUPS = (16, 32, 64, 128, 256)
@@ -53,24 +54,20 @@ class GemvShape:
     @classmethod
     def from_key(cls, key: str) -> "GemvShape":
         """The shape a key() names: '4096x4096/g128/asym', '4096x4096/g32/sym/m8/bfloat16', ..."""
-        expected = "expected e.g. '4096x4096/g128/asym' or '4096x4096/g32/sym/m8/bfloat16/sbfloat16'"
-        nk, _, rest = key.partition("/")
-        n, _, k = nk.partition("x")
-        parts = rest.split("/")
-        fields = {}
-        for part in parts[2:]:
-            name = ("M" if part[:1] == "m" and part[1:].isdigit() else "dtype" if part in ACTIVATION_DTYPES
-                    else "scale_dtype" if part[:1] == "s" and part[1:] in ACTIVATION_DTYPES else None)
-            if name is None or name in fields:
-                raise ValueError(f"bad shape key {key!r}: {part!r} is not a token count, dtype or scale dtype; {expected}")
-            fields[name] = int(part[1:]) if name == "M" else part.removeprefix("s") if name == "scale_dtype" else part
-        if not (n.isdigit() and k.isdigit() and len(parts) >= 2 and parts[0][:1] == "g" and parts[0][1:].isdigit()
-                and parts[1] in ("sym", "asym")):
-            raise ValueError(f"bad shape key {key!r}: {expected}")
-        shape = cls(int(n), int(k), int(parts[0][1:]), parts[1] == "sym", **fields)
-        if shape.key() != key:  # e.g. '/m1' or '/float16', which key() never writes
+        m = _KEY.fullmatch(key)
+        if m is None:
+            raise ValueError(f"bad shape key {key!r}: expected e.g. '4096x4096/g128/asym' or "
+                             f"'4096x4096/g32/sym/m8/bfloat16/sbfloat16'")
+        shape = cls(int(m["N"]), int(m["K"]), int(m["group"]), m["sym"] == "sym", int(m["M"] or 1),
+                    m["dtype"] or "float16", m["scale_dtype"] or "float16")
+        if shape.key() != key:  # e.g. '/m1', which key() never writes
             raise ValueError(f"bad shape key {key!r}: the shape it names is written {shape.key()!r}")
         return shape
+
+
+_OTHER_DTYPES = "|".join(d for d in ACTIVATION_DTYPES if d != "float16")
+_KEY = re.compile(rf"(?P<N>\d+)x(?P<K>\d+)/g(?P<group>\d+)/(?P<sym>a?sym)(?:/m(?P<M>\d+))?"
+                  rf"(?:/(?P<dtype>{_OTHER_DTYPES}))?(?:/s(?P<scale_dtype>{_OTHER_DTYPES}))?", re.ASCII)
 
 
 @dataclass(frozen=True, order=True)
