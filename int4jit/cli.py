@@ -316,8 +316,8 @@ def cmd_warm(args) -> int:
 
 # -- tune ----------------------------------------------------------------------------------
 def cmd_tune(args) -> int:
+    shape = GemvShape(args.N, args.K, args.group, args.symmetric, 1, args.dtype)
     device = backends.device()
-    shape = GemvShape(args.N, args.K, args.group, args.symmetric)
     _, kernel, pdl = plan.target(shape, device.arch, device)
     t0 = time.perf_counter()
     rec, best = tuner.autotune(shape, kernel, device, exhaustive=args.exhaustive, pdl=pdl)
@@ -464,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantisation group size along K (default 128)")
     t.add_argument("--symmetric", action="store_true", help="symmetric weights: no zero points (zero point 8)")
     t.add_argument("--exhaustive", action="store_true", help="search the 20-point grid (BS 32-512 x TN 2-16)")
+    t.add_argument("--dtype", choices=ACTIVATION_DTYPES, default="float16", help="the activations' type (default float16)")
     t.set_defaults(func=cmd_tune)
     c = sub.add_parser("cache", help="path | list | clear | export FILE | import FILE",
                        description="path: print the cache dir; list: its tuning entries and code objects; clear: "

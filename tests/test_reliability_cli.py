@@ -185,3 +185,13 @@ def test_readme_compile_only_examples_name_targets_this_setup_knows():
     for line in lines:
         for arch in re.findall(r"--arch[ =](\S+)", line):
             assert arch in known or "ROCm" in line, f"README shows {arch} as working here: {line}"
+
+
+def test_tune_refuses_a_bad_shape_or_dtype_before_asking_for_a_device(capsys, monkeypatch):
+    def no_device(*a, **k):
+        raise AssertionError("tune asked for a device before checking its arguments")
+    monkeypatch.setattr(cli.backends, "device", no_device)
+    assert exit_code(["tune", "4096", "4000"]) == 2
+    assert "K=4000 must be a multiple of the group size 128" in capsys.readouterr().err
+    assert exit_code(["tune", "4096", "4096", "--dtype", "float32"]) == 2
+    assert "invalid choice: 'float32'" in capsys.readouterr().err
