@@ -51,8 +51,8 @@ def cache_key(source: str, arch: str, backend: str, options, compiler_version: s
     return cache.sha256(json.dumps(record, sort_keys=True).encode())
 
 
-def code_object_path(key: str) -> Path:
-    return cache.code_dir() / key[:2] / f"{key}.bin"
+def code_object_path(key: str, code_dir: Path | None = None) -> Path:
+    return (code_dir or cache.code_dir()) / key[:2] / f"{key}.bin"
 
 
 _memo: dict[tuple[Path, KernelSpec], CompiledKernel] = {}
@@ -74,7 +74,7 @@ def build(spec: KernelSpec) -> CompiledKernel:
     if hit is not None:
         return hit
     mod, name, source, options, key = _source_and_key(spec)
-    path = memo_key[0] / key[:2] / f"{key}.bin"
+    path = code_object_path(key, memo_key[0])
     binary = cache.read_code_object(path)
     if binary is not None:
         trace("code cache hit %s for %s %s (%s)", key[:12], spec.shape.key(), spec.label(), spec.arch)

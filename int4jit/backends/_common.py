@@ -62,8 +62,8 @@ def median_event_ms(events, run, repeats: int) -> float:
 
 class ThreadCurrent:
     """make_current, active and a launch made in this device's context, for a device that is made
-    current per thread (a CUDA context, a HIP device ordinal). The backend's Device gives `_mine` (its own), `_current()` (the calling
-    thread's) and `_set_current(which)`."""
+    current per thread (a CUDA context, a HIP device ordinal). The backend's Device gives `_mine`
+    (its own), `_current()` (the calling thread's) and `_set_current(which)`."""
 
     def make_current(self):
         """Make this device the calling thread's current one, and leave it so."""
