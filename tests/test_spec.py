@@ -273,6 +273,19 @@ def test_raw_a_kcluster_and_x_staging_are_one_tokens(shape):
     assert plain.variant.raw_a and plain.key() != s.key()
 
 
+@pytest.mark.parametrize("M", [1, 2, 8])
+def test_xahead_is_several_tokens_and_searched_only_there(M):
+    """Loading x a step ahead serves several tokens (one token stages x or reads it per step):
+    for one token it normalises away (same build, same key) and the search does not list it."""
+    shape = GemvShape(16384, 2048, 128, False, M)
+    s = make_spec(shape, "sm_90", "tc", CFG, Variant(streaming=True, xahead=True))
+    plain = make_spec(shape, "sm_90", "tc", CFG, Variant(streaming=True))
+    assert (s.variant.xahead, s.param("XAHEAD")) == ((False, "false") if M == 1 else (True, "true"))
+    assert (s.key() == plain.key()) == (M == 1)
+    searched = {v.xahead for v in variant_space(shape, "tc", CFG, "sm_90", False)}
+    assert searched == ({False} if M == 1 else {False, True})
+
+
 def test_several_tokens_fit_their_sums_in_shared_memory():
     """KSPLIT x M x rows fp32 sums within the static limit: fewer warps split K at 8 tokens, TN=16."""
     s = make_spec(GemvShape(4096, 4096, 128, False, 8), "sm_90", "tc", LaunchConfig(512, 16))

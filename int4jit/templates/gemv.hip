@@ -58,15 +58,23 @@ __device__ __forceinline__ dot_acc_t dot8(dot_acc_t a, u32 q, u32 zlo, u32 zhi_n
     return a;
 }
 
-// bf16 x: 8 nibbles of one word against x0..x7 (x words x0x1 .. x6x7) in fp32. The float with
-// bits 0x4B000000 | q is 2^23 + q exactly, so one subtraction of 2^23 + z gives q - z.
-__device__ __forceinline__ float dot8_bf16(float a, u32 q, float bias, const u32* xw) {
+// bf16 x: one 16-element piece of a row (two words of 8 nibbles, k0 lowest) against x0..x15 in
+// fp32. The float with bits 0x4B000000 | (q & 0xF << 4i) is 2^23 + 16^i q exactly (nibble i left
+// where it is; the high half-word is shifted down once), so one subtraction of 2^23 + 16^i z
+// gives 16^i (q - z). Nibble position i sums into its own accumulator (four independent FMA
+// chains), scaled by 16^-i at the end (exact).
+__device__ __forceinline__ float dot16_bf16(u32 q0, u32 q1, u32 z, const float (&xf)[16]) {
+    float bias[4], acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float qz = bits_to_f(0x4B000000u | ((q >> (4 * i)) & 0xFu)) - bias;
-        a = fma_f32(qz, bf16_to_f((u16)(xw[i / 2] >> (16 * (i % 2)))), a);
+    for (int i = 0; i < 4; ++i) bias[i] = bits_to_f(0x4B000000u | (z << (4 * i)));
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {  // half-words: word h/2, nibbles 4(h%2) .. 4(h%2) + 3
+        const u32 q = h % 2 ? (h < 2 ? q0 : q1) >> 16 : (h < 2 ? q0 : q1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            acc[i] = fma_f32(bits_to_f(0x4B000000u | (q & (0xFu << (4 * i)))) - bias[i], xf[4 * h + i], acc[i]);
     }
-    return a;
+    return fma_f32(acc[3], 1.0f / 4096, fma_f32(acc[2], 1.0f / 256, fma_f32(acc[1], 1.0f / 16, acc[0])));
 }
 
 // x words (x0x1, x2x3, x4x5, x6x7) regrouped into the nibble trick's pairs.
@@ -137,19 +145,21 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
         for (int u = 0; u < UNROLL; ++u) {
             if (i0 + u >= ITERS || lane + (i0 + u) * KT >= CHUNKS) continue;
             u32 xp[VEC];
+            float xf[BF16 ? PIECES : 1][16];  // bf16: x in fp32, shared by the TN rows
 #pragma unroll
             for (int h = 0; h < VEC / 4 && !BF16; ++h) {
                 const u32x4 v = {xw[u][4 * h], xw[u][4 * h + 1], xw[u][4 * h + 2], xw[u][4 * h + 3]};
                 pair_x(v, xp + 4 * h);
             }
 #pragma unroll
+            for (int i = 0; i < (BF16 ? 2 * VEC : 0); ++i) xf[i / 16][i % 16] = bf16_to_f((u16)(xw[u][i / 2] >> (16 * (i % 2))));
+#pragma unroll
             for (int r = 0; r < TN; ++r) {
 #pragma unroll
                 for (int pc = 0; pc < PIECES; ++pc) {
                     if constexpr (BF16) {
-                        const float bias = 8388608.0f + (SYMMETRIC ? 8.0f : (float)zp[u][r][pc]);
-                        float a = dot8_bf16(0.0f, wq[u][r][2 * pc], bias, &xw[u][8 * pc]);
-                        acc[r] += dot8_bf16(a, wq[u][r][2 * pc + 1], bias, &xw[u][8 * pc + 4]) * scale_f(sc[u][r][pc]);
+                        const u32 z = SYMMETRIC ? 8u : (u32)zp[u][r][pc];
+                        acc[r] += dot16_bf16(wq[u][r][2 * pc], wq[u][r][2 * pc + 1], z, xf[BF16 ? pc : 0]) * scale_f(sc[u][r][pc]);
                         continue;
                     }
                     u32 zlo, zhi_neg;

@@ -60,6 +60,7 @@ constexpr bool XPERM = XSMEM;            // staged x is already paired for B
 constexpr bool XWARP = XSMEM && !RAW_A;  // each warp stages its own steps' x, before its weights
 constexpr int PREFETCH = ${PREFETCH};    // batches of weights asked into L2 before the grid-dependency wait
 constexpr bool EARLY = ${EARLY};         // first weights loaded before the wait; dependents launched at start
+constexpr bool XAHEAD = ${XAHEAD};       // several tokens: x of a warp's next step loaded while this one computes
 constexpr bool DIAG = GROUP < 128 && M == 1;    // the diagonal trick (one token)
 constexpr bool SCALED = GROUP < 128 && M > 1;   // A = (q - z) * s (several tokens)
 // On the diagonal with whole steps, a lane's two chunks' scales of a row are adjacent: one load.
@@ -91,6 +92,7 @@ static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
 static_assert(GROUP < 128 || K % 128 == 0, "GROUP >= 128 implies whole steps");
 static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
 static_assert(!RAW_A || M == 1, "raw_a is one token's");
+static_assert(!XAHEAD || M > 1, "xahead is several tokens' (one token reads x from shared memory or per step)");
 static_assert((!XSMEM && KC == 1) || M == 1, "x staging and cluster K splits are one token's");
 
 // A scale as fp32, and fp32 as the output type.
@@ -213,23 +215,22 @@ __device__ __forceinline__ u32x4 tc_pair_x(u32x4 v) {
 }
 
 // x of this lane's chunk c of a step (token g's with several tokens; lanes past the last token
-// read it again, and their D columns are never stored), paired as the nibble words are:
-// (x0,x4) (x1,x5) (x2,x6) (x3,x7), unmasked. Returns the mask tc_mask_pairs applies before x
-// becomes B: all ones, or zero where the lane supplies no B values (diagonal) or has no chunk
-// (partial step, SCALED).
-__device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u16* I4_RESTRICT x, const u32x4* xs,
-                                          int c, int g, int t) {
-    const u32 keep = DIAG ? (c < CHUNKS && g == t ? 0xFFFFFFFFu : 0u) : !SCALED || c < CHUNKS ? 0xFFFFFFFFu : 0u;
+// read it again, and their D columns are never stored), as loaded: four 16-byte words.
+__device__ __forceinline__ void tc_x_load(u32x4 (&v)[4], const u16* I4_RESTRICT x, const u32x4* xs, int c, int g) {
     if constexpr (M > 1) x += (long long)min(g, M - 1) * K;
 #pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_x16<false>(x + 32 * min(c, CHUNKS - 1) + 8 * j);
+}
+
+// Chunk c's x (from tc_x_load) paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6) (x3,x7),
+// unmasked. Returns the mask tc_mask_pairs applies before x becomes B: all ones, or zero where
+// the lane supplies no B values (diagonal) or has no chunk (partial step, SCALED).
+__device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u32x4 (&v)[4], int c, int g, int t) {
+    const u32 keep = DIAG ? (c < CHUNKS && g == t ? 0xFFFFFFFFu : 0u) : !SCALED || c < CHUNKS ? 0xFFFFFFFFu : 0u;
+#pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const u32x4 v = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_x16<false>(x + 32 * min(c, CHUNKS - 1) + 8 * j);
-        if constexpr (XPERM) {
-            xp[j][0] = v.x; xp[j][1] = v.y; xp[j][2] = v.z; xp[j][3] = v.w;
-        } else {
-            const u32x4 p = tc_pair_x(v);
-            xp[j][0] = p.x; xp[j][1] = p.y; xp[j][2] = p.z; xp[j][3] = p.w;
-        }
+        const u32x4 p = XPERM ? v[j] : tc_pair_x(v[j]);
+        xp[j][0] = p.x; xp[j][1] = p.y; xp[j][2] = p.z; xp[j][3] = p.w;
     }
     return keep;
 }
@@ -423,6 +424,8 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
             __syncthreads();
         }
     }
+    u32x4 xnext[4];  // XAHEAD only
+    if constexpr (XAHEAD) tc_x_load(xnext, x, xs, 4 * s_begin + t, g);
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
         if constexpr (!STREAMING) {
             load_batch(s0);
@@ -440,8 +443,17 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
         for (int u = 0; u < UNROLL; ++u) {
             const int step = s0 + u * STEP_STRIDE;
             if (step >= s_end) break;
+            u32x4 xv[4];
+            if constexpr (XAHEAD) {
+                // This step's x came a step ahead; the warp's next step's goes out now.
+#pragma unroll
+                for (int j = 0; j < 4; ++j) xv[j] = xnext[j];
+                tc_x_load(xnext, x, xs, 4 * (step + STEP_STRIDE) + t, g);
+            } else {
+                tc_x_load(xv, x, xs, 4 * step + t, g);
+            }
             u32 xp[4][4];
-            const u32 keep = tc_x_pairs(xp, x, xs, 4 * step + t, g, t);
+            const u32 keep = tc_x_pairs(xp, xv, 4 * step + t, g, t);
             float cs[SEGS][4];
             if constexpr (RAW_A) tc_offsets(cs, xp, keep);
             tc_mask_pairs(xp, keep);
