@@ -377,12 +377,22 @@ def _early_record(sel: Selection, twin: Variant, shape, arch, kernel, device, pd
 # -- tier 4: the search -----------------------------------------------------------------
 def grid_specs(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive=False, pdl=False) -> list[KernelSpec]:
     """Stage 1 of the search: every (BS, TN) of the grid under each schedule (the tc kernel's
-    default variant and its streaming twin), the heuristic's pick first."""
+    default variant and its streaming twin), the heuristic's pick first. Several tokens add each
+    schedule's one_wave twin where it caps registers: their builds need a few more registers than
+    one token's, which can push a grid just past one wave (H200, M = 8, 28672x4096: (128,4)
+    streaming 35.6 us, with one_wave 20.1; stage 2 flips one_wave only at stage 1's winner)."""
     sms = device.sm_count if device is not None else None
     first = heuristic(shape, arch, kernel, device, exhaustive)
     configs = [first] + [c for c in candidate_grid(exhaustive) if c != first]
-    specs = [make_spec(shape, arch, kernel, c, v, pdl=pdl, sm_count=sms)
-             for c in configs for v in schedules(shape, kernel, c, arch, pdl)]
+    specs = []
+    for c in configs:
+        for v in schedules(shape, kernel, c, arch, pdl):
+            spec = make_spec(shape, arch, kernel, c, v, pdl=pdl, sm_count=sms)
+            specs.append(spec)
+            if kernel == "tc" and shape.M > 1 and not v.one_wave:
+                capped = make_spec(shape, arch, kernel, c, replace(v, one_wave=True), pdl=pdl, sm_count=sms)
+                if capped.param("KERNEL_ATTRS") != spec.param("KERNEL_ATTRS"):
+                    specs.append(capped)
     return list(dict.fromkeys(specs))
 
 

@@ -312,6 +312,29 @@ def test_search_space_covers_every_spec_tier_4_may_measure():
     assert len(simt) == 9 and all(s.kernel == "simt" for s in simt)
 
 
+@pytest.mark.parametrize("M", [1, 8])
+def test_stage_one_adds_one_wave_twins_for_several_tokens(M):
+    """Several tokens: each schedule's one_wave twin is measured in stage 1 where the register cap
+    changes the build (a grid of at most 32 waves), and nowhere else; one token: never."""
+    shape = GemvShape(28672, 4096, 128, False, M)
+    grid = tuner.grid_specs(shape, "sm_90", "tc", pdl=True)
+    plain = [s for s in grid if not s.variant.one_wave]
+    capped = [s for s in grid if s.variant.one_wave]
+    assert {(s.config, s.variant) for s in plain} == {(c, v) for c in candidate_grid(False)
+                                                      for v in tuner.schedules(shape, "tc", c, "sm_90", True)}
+    if M == 1:
+        assert not capped
+        return
+    assert capped and all("__launch_bounds__(" in s.param("KERNEL_ATTRS") and ", " in s.param("KERNEL_ATTRS")
+                          for s in capped)
+    for s in capped:  # the twin of a plain spec of the same geometry and schedule
+        assert dataclasses.replace(s.variant, one_wave=False) in {p.variant for p in plain if p.config == s.config}
+    assert any(s.config == LaunchConfig(128, 4) for s in capped)  # 896 blocks: seven a multiprocessor
+    lm_head = tuner.grid_specs(GemvShape(128256, 4096, 128, False, M), "sm_90", "tc", pdl=True)
+    assert not any(s.config == LaunchConfig(64, 2) and s.variant.one_wave for s in lm_head)  # 8016 blocks: 61 waves
+    assert set(grid) <= set(plan.search_space(shape, "sm_90"))  # pre-warming compiles them too
+
+
 @pytest.mark.parametrize("exhaustive", [False, True])
 def test_heuristic_stays_inside_the_searched_grid(exhaustive):
     grid = set(candidate_grid(exhaustive))
