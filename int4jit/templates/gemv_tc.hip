@@ -32,6 +32,8 @@
 // D - C - z S. Exact products still; the sums lose ~7 bits of fp32 to the 1024 offset. bf16:
 // A = 128 + q on both nibbles, C = 128 S. One token only (C and S are per token).
 // XPERM: x is staged in shared memory already paired as the mma's B wants it (no PRMT per step).
+// XAHEAD (the variant field `xahead`, several tokens): a warp's next step's x is loaded into
+// registers while this step computes, instead of at the top of the step that uses it.
 // WIDE_SCALES: on the diagonal, a lane folds two adjacent chunks of a row; with whole steps their
 // scales are adjacent (and aligned) in the row, so they come in one load (docs/performance.md).
 //
