@@ -232,13 +232,19 @@ def compile_specs(specs, jobs: int, desc: str = "compile") -> tuple[list, dict]:
     return todo, failed
 
 
+def _launched_specs(p, shape: GemvShape, arch: str, device, exhaustive) -> list:
+    """What a model's calls launch for a planned shape: the plan's kernel (first), the
+    fixed-weights (early) build GemvWeights / Int4Linear launch, and the dequantising kernel
+    Int4Linear's prefill launches (in the activations' type)."""
+    return [p.spec, plan.plan(shape, arch, device, exhaustive=exhaustive, fixed_weights=True).spec,
+            make_dequant_spec(shape, p.spec.arch, shape.dtype)]
+
+
 def _warm_plan(shape: GemvShape, arch: str, exhaustive) -> tuple:
-    """(plan, specs) of `warm --compile-only` for one shape on one target: the specs are the
-    planned kernel, its fixed-weights (early) build, every candidate the runtime tuner would
-    measure, and the dequantising kernel Int4Linear's prefill launches (in the activations' type)."""
+    """(plan, specs) of `warm --compile-only` for one shape on one target: what its calls launch
+    (_launched_specs, the plan's kernel first) and every candidate the runtime tuner would measure."""
     p = plan.plan(shape, arch, None, exhaustive=exhaustive)
-    return p, [p.spec, plan.plan(shape, arch, None, exhaustive=exhaustive, fixed_weights=True).spec,
-               *plan.search_space(shape, arch, exhaustive=exhaustive), make_dequant_spec(shape, p.spec.arch, shape.dtype)]
+    return p, [*_launched_specs(p, shape, arch, None, exhaustive), *plan.search_space(shape, arch, exhaustive=exhaustive)]
 
 
 def parse_dtypes(text: str) -> list[str]:
@@ -290,9 +296,7 @@ def cmd_warm(args) -> int:
                 p, specs = done
             else:
                 p = plan.plan(shape, arch, device, exhaustive=exhaustive)  # tunes where the shape needs it
-                # what GemvWeights / Int4Linear launch: the early build where it applies, and prefill's
-                specs = [p.spec, plan.plan(shape, arch, device, exhaustive=exhaustive, fixed_weights=True).spec,
-                         make_dequant_spec(shape, p.spec.arch, shape.dtype)]
+                specs = _launched_specs(p, shape, arch, device, exhaustive)
             # specs[0] is p.spec; compile-only built them all above: a cache read, or the error with its log
             ck = [compiler.build(spec) for spec in specs][0]
         except Int4JitError as e:  # one target failing must not hide the others' results
