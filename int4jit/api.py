@@ -142,14 +142,67 @@ def _new_output(xi, out_shape):
                     f"shape {out_shape}), int4jit allocates outputs only for torch and cupy")
 
 
-def _permuted(x, perm, K: int):
-    """x[..., perm] for act-order weights (stored group-contiguous), in x's own framework."""
-    xi = describe("x", x)
+# Values of device arrays that passed a check (zero points in range, a permutation), by object:
+# the check is a reduction that synchronises, so it runs once per array, not per call.
+_values_checked: dict[tuple, weakref.ref] = {}
+
+
+def _check_values(what: str, info, check, stream=None) -> None:
+    """Raise ValueError(f"{what} must be {check(xp, a)}") where the check finds a fault (None: it
+    passed). numpy arrays are checked every call; torch and cupy device arrays once per object,
+    outside graph capture (a capture cannot synchronise: traced, and checked at the next call);
+    other device arrays are not checked (traced)."""
+    a = info.obj
+    if info.framework != "numpy":
+        key = (what, id(a))
+        ref = _values_checked.get(key)
+        if ref is not None and ref() is a:
+            return
+        if info.framework not in ("torch", "cupy"):
+            trace("%s: a %s device array's values are not checked", what, info.framework)
+            return
+        if backends.device(info.device[1]).is_capturing(stream_handle(stream, info)):
+            trace("%s: values not checked during graph capture", what)
+            return
+    fault = check(np if info.framework == "numpy" else sys.modules[info.framework], a)
+    if fault is not None:
+        raise ValueError(f"{what} must be {fault}")
+    if info.framework != "numpy":
+        try:
+            _values_checked[key] = weakref.ref(a, lambda _ref, k=key: _values_checked.pop(k, None))
+        except TypeError:  # an array type without weak references: checked again next call
+            pass
+
+
+def zero_point_fault(xp, zeros):
+    top = int(zeros.max())
+    return None if top <= 15 else f"zero points 0..15 (4 bits); got a maximum of {top}"
+
+
+def permutation_fault(xp, perm):
+    """perm sorted must be 0, 1, ..., K-1 (an index outside K would fault the gather on a GPU)."""
+    s = xp.sort(perm)
+    s = getattr(s, "values", s)  # torch.sort returns (values, indices)
+    if int(s[0]) == 0 and int(s[-1]) == s.shape[0] - 1 and bool(((s[1:] - s[:-1]) == 1).all()):
+        return None
+    return f"a permutation of 0..{s.shape[0] - 1}; got values {int(s[0])}..{int(s[-1])}" + (
+        "" if int(s[0]) < 0 or int(s[-1]) >= s.shape[0] else " with repeats")
+
+
+def _check_perm(perm, K: int, on_device: bool, stream=None):
+    """An act-order permutation for K inputs, living where x does (checked as _check_values says)."""
     pi = describe("perm", perm)
     if pi.dtype not in ("int32", "int64") or tuple(pi.shape) != (K,):
         raise ValueError(f"perm must be int32 of shape ({K},) (a permutation of 0..K-1); got {pi.dtype} {pi.shape}")
-    if pi.on_device != xi.on_device:
+    if pi.on_device != on_device:
         raise TypeError("perm must live where x does (both numpy, or both on the GPU)")
+    _check_values("perm", pi, permutation_fault, stream)
+
+
+def _permuted(x, perm, K: int, stream=None):
+    """x[..., perm] for act-order weights (stored group-contiguous), in x's own framework."""
+    xi = describe("x", x)
+    _check_perm(perm, K, xi.on_device, stream)
     if xi.framework == "numpy":
         return np.ascontiguousarray(x[..., np.asarray(perm)])
     if xi.framework == "torch":
@@ -206,7 +259,7 @@ def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=N
     if config is not None:
         config_override(config)  # a malformed config fails before any device or copy is touched
     if perm is not None:
-        x = _permuted(x, perm, describe("w", w).shape[-1] * 2)
+        x = _permuted(x, perm, describe("w", w).shape[-1] * 2, stream)
     fast_key = None
     if out is not None and device is None and type(x).__module__ == "torch":
         fast_key, env = (id(x), id(w), id(scales), id(zeros), id(out), config if isinstance(config, (str, type(None))) else tuple(config)), _env_state()
@@ -215,12 +268,17 @@ def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=N
     shape, infos, out_shape = validate(x, w, scales, zeros, out)
     xi = infos[0]
     if not xi.on_device:
-        return _gemv_host(shape, infos, out_shape, config, stream, device)
+        y = _gemv_host(shape, infos, out_shape, config, stream, device)
+        if type(x).__module__.split(".", 1)[0] == "torch":  # CPU tensors in, a CPU tensor out
+            return out if out is not None else sys.modules["torch"].from_numpy(y)
+        return y
     if device is not None and device != xi.device[1]:
         raise ValueError(f"device={device!r} but the arrays are on GPU {xi.device[1]}; leave device= "
                          f"unset for device arrays, or move them")
     dev = backends.device(xi.device[1])
     s = stream_handle(stream, xi)
+    if infos[3] is not None:
+        _check_values("zeros", infos[3], zero_point_fault, stream)
     kernel = kernel_for(dev, shape, config, s)
     if out is None:
         out = _new_output(xi, out_shape)
@@ -256,10 +314,9 @@ class GemvWeights:
         if not infos[1].on_device:
             raise TypeError("GemvWeights holds device tensors; for numpy arrays call int4jit.gemv")
         if zeros is not None:
-            if torch.cuda.is_current_stream_capturing():  # a reduction would sync inside the capture
-                trace("GemvWeights made during graph capture: zero points not range-checked")
-            elif int(zeros.max()) > 15:
-                raise ValueError(f"zeros must hold zero points 0..15; got a maximum of {int(zeros.max())}")
+            _check_values("zeros", infos[3], zero_point_fault)
+        if perm is not None:
+            _check_perm(perm, self.shape.K, True)
         self.w, self.scales, self.zeros, self.perm = w, scales, zeros, perm
         self.device_index = infos[1].device[1]
         self.device = backends.device(self.device_index)

@@ -69,20 +69,32 @@ def _from_dlpack(name: str, a, device_id: int) -> ArrayInfo:
     return info
 
 
-def describe(name: str, a) -> ArrayInfo:
-    """Classify one argument. TypeError when it is no array int4jit can read."""
+def describe(name: str, a, written: bool = False) -> ArrayInfo:
+    """Classify one argument. TypeError when it is no array int4jit can read. A host array in
+    the other byte order (e.g. '>f2' from a file) is converted, since kernels read native
+    bytes; one the call writes (`written`) cannot be and is refused."""
     if isinstance(a, np.ndarray):
+        if not a.dtype.isnative:
+            if written:
+                raise TypeError(f"{name} must be in native byte order (it is written in place); got dtype {a.dtype.str!r}")
+            a = a.astype(a.dtype.newbyteorder("="))
         return ArrayInfo(name, a, "numpy", a.dtype.name, a.shape, a.flags.c_contiguous)
     module = type(a).__module__.split(".", 1)[0]
     if module == "torch" and hasattr(a, "data_ptr"):
-        if a.device.type == "cpu":
-            return describe(name, a.numpy())
+        if a.device.type == "cpu":  # a host array: numpy shares its memory (out= is written through)
+            if str(a.dtype) == "torch.bfloat16":
+                raise TypeError(f"{name} is a bfloat16 CPU tensor: host arrays are float16 (numpy or CPU "
+                                f"tensors); bfloat16 runs on GPU tensors")
+            return describe(name, a.detach().resolve_conj().resolve_neg().numpy(), written)
         return ArrayInfo(name, a, "torch", str(a.dtype).removeprefix("torch."), tuple(a.shape),
                          a.is_contiguous(), a.data_ptr(), ("gpu", a.device.index or 0))
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
         shape = tuple(cai["shape"])
         dt = np.dtype(cai["typestr"])
+        if not dt.isnative:
+            raise TypeError(f"{name}: __cuda_array_interface__ typestr {cai['typestr']!r} is not in the "
+                            f"GPU's (little-endian) byte order")
         strides = cai.get("strides")
         contiguous = strides is None or _c_contiguous(shape, [s // dt.itemsize for s in strides])
         dev = getattr(a, "device", None)

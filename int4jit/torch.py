@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .api import GemvWeights
+from .api import GemvWeights, permutation_fault
 from .shapes import MAX_TOKENS
 from .reference import quantize
 from .trace import trace
@@ -83,6 +83,11 @@ class Int4Linear(nn.Module):
         self.register_buffer("perm", None if perm is None else as_t(perm).to(torch.int64))
         self.bias = None if bias is None else nn.Parameter(as_t(bias).detach().clone(), requires_grad=False)
         self.out_features, self.in_features = self.w.shape[0], 2 * self.w.shape[1]
+        if self.perm is not None:  # checked once here: an index outside K faults the gather on a GPU
+            fault = (permutation_fault(torch, self.perm) if tuple(self.perm.shape) == (self.in_features,)
+                     else f"of shape ({self.in_features},); got {tuple(self.perm.shape)}")
+            if fault is not None:
+                raise ValueError(f"perm must be {fault}")
         self.group_size = self.in_features // self.scales.shape[1]
         self._layer: Optional[GemvWeights] = None
         self._dense: Optional[torch.Tensor] = None

@@ -31,7 +31,7 @@ def validate(x, w, scales, zeros, out):
     """-> (GemvShape, [x, w, scales, zeros|None, out|None] as ArrayInfo, output shape)."""
     xi, wi, si = describe("x", x), describe("w", w), describe("scales", scales)
     zi = None if zeros is None else describe("zeros", zeros)
-    oi = None if out is None else describe("out", out)
+    oi = None if out is None else describe("out", out, written=True)
 
     if len(xi.shape) not in (1, 2):
         _fail(ValueError, "x", "1-D [K] or 2-D [M, K]", f"{len(xi.shape)}-D shape {xi.shape}")

@@ -154,3 +154,91 @@ def test_torch_fast_path_replays_only_for_the_same_tensors_and_environment(monke
         assert len(kernel.launches) == 2
     finally:
         api._prepared_calls().pop(key, None)
+
+
+def test_host_arrays_in_the_other_byte_order_are_converted_and_out_is_refused():
+    """'>f2' arrays (read from a file, say) would reach a kernel as garbage bytes: inputs are
+    converted to native order with equal values; an `out` in that order cannot be written in place."""
+    from int4jit.validate import validate
+    x, w, s, z = good()
+    shape, infos, _ = validate(x.astype(">f2"), w, s.astype(">f2"), z, None)
+    assert infos[0].obj.dtype.isnative and np.array_equal(infos[0].obj, x)
+    assert infos[2].obj.dtype.isnative and np.array_equal(infos[2].obj, s)
+    with pytest.raises(AssertionError, match="let a bad call through"):  # valid: reaches the backend
+        int4jit.gemv(x.astype(">f2"), w, s.astype(">f2"), z)
+    with pytest.raises(TypeError, match="out must be in native byte order"):
+        int4jit.gemv(x, w, s, z, out=np.zeros(64, ">f2"))
+    with pytest.raises(TypeError, match="x: __cuda_array_interface__ typestr '>f2'"):
+        int4jit.gemv(FakeDevice((256,), ">f2"), FakeDevice((64, 128), "|u1"), FakeDevice((64, 8), "<f2"), None)
+
+
+@pytest.mark.parametrize("perm,pattern", [
+    (np.r_[np.arange(255), 0].astype(np.int32), r"perm must be a permutation of 0..255; got values 0..254 with repeats"),
+    (np.r_[np.arange(255), 256].astype(np.int32), r"perm must be a permutation of 0..255; got values 0..256$"),
+    (np.r_[-1, np.arange(1, 256)].astype(np.int64), r"got values -1..255$"),
+    (np.arange(255, dtype=np.int32), r"perm must be int32 of shape \(256,\)"),
+    (np.arange(256, dtype=np.float32), r"perm must be int32"),
+])
+def test_bad_perm_is_refused_before_the_gather(perm, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        int4jit.gemv(*good(), perm=perm)
+
+
+def test_good_perm_reaches_the_backend():
+    with pytest.raises(AssertionError, match="let a bad call through"):
+        int4jit.gemv(*good(), perm=np.random.default_rng().permutation(256).astype(np.int32))
+
+
+def test_cpu_tensors_are_host_arrays(monkeypatch):
+    """A CPU tensor that requires grad is read as it is; a bfloat16 CPU tensor (host calls are
+    float16) is refused naming the argument; torch CPU tensors in give a torch tensor out."""
+    torch = pytest.importorskip("torch")
+    x, w, s, z = [torch.from_numpy(a) for a in good()]
+    with pytest.raises(AssertionError, match="let a bad call through"):
+        int4jit.gemv(x.clone().requires_grad_(True), w, s, z)
+    with pytest.raises(TypeError, match="x is a bfloat16 CPU tensor"):
+        int4jit.gemv(x.to(torch.bfloat16), w, s, z)
+    monkeypatch.setattr(api, "_gemv_host", lambda shape, infos, out_shape, *a: np.full(out_shape, 3, np.float16))
+    y = int4jit.gemv(x, w, s, z)
+    assert isinstance(y, torch.Tensor) and y.shape == (64,) and bool((y == 3).all())
+    assert isinstance(int4jit.gemv(x.numpy(), w, s, z), np.ndarray)
+
+
+def test_device_values_are_checked_once_per_array_and_not_inside_a_capture(monkeypatch):
+    """Zero points and permutations of device arrays are checked by a reduction that synchronises:
+    once per array object (a new object is checked again), never while the stream captures a
+    graph (nor marked checked then), and a fault is a ValueError naming the argument."""
+    torch = pytest.importorskip("torch")
+    from int4jit.arrays import ArrayInfo
+    capturing = [False]
+    monkeypatch.setattr(api.backends, "device", lambda i: type("D", (), {"is_capturing": lambda self, s: capturing[0]})())
+    monkeypatch.setattr(api, "stream_handle", lambda stream, info: 0)
+    calls = []
+
+    def check(xp, a):
+        calls.append(a)
+        return api.zero_point_fault(xp, a)
+
+    def info(a):
+        return ArrayInfo("zeros", a, "torch", "uint8", tuple(a.shape), True, 0x1000, ("gpu", 0))
+
+    z = torch.randint(0, 16, (64, 8), dtype=torch.uint8)
+    api._check_values("zeros", info(z), check)
+    api._check_values("zeros", info(z), check)
+    assert len(calls) == 1
+    capturing[0] = True
+    z2 = z.clone()
+    api._check_values("zeros", info(z2), check)
+    assert len(calls) == 1  # not checked inside the capture ...
+    capturing[0] = False
+    api._check_values("zeros", info(z2), check)
+    assert len(calls) == 2  # ... so checked at the next call
+    bad = z.clone()
+    bad[3, 4] = 16
+    with pytest.raises(ValueError, match="zeros must be zero points 0..15 \\(4 bits\\); got a maximum of 16"):
+        api._check_values("zeros", info(bad), check)
+    with pytest.raises(ValueError, match="zeros must be zero points"):  # a fault is not remembered as checked
+        api._check_values("zeros", info(bad), check)
+    fake = ArrayInfo("zeros", object(), "cai", "uint8", (64, 8), True, 0x1000, ("gpu", 0))
+    api._check_values("zeros", fake, check)  # no framework to reduce with: traced, not checked
+    assert len(calls) == 4

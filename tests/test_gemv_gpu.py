@@ -430,6 +430,14 @@ def test_gemv_weights_new_tensors_every_call():
     bad[0, 0] = 200
     with pytest.raises(ValueError, match="zero points 0..15"):
         int4jit.GemvWeights(wt, st, bad)
+    with pytest.raises(ValueError, match="zeros must be zero points 0..15"):  # gemv checks device zeros too
+        int4jit.gemv(t.from_numpy(x).cuda(), wt, st, bad)
+    perm = t.arange(4096, dtype=t.int32, device="cuda")
+    perm[7] = 4096  # would fault the gather
+    with pytest.raises(ValueError, match="perm must be a permutation of 0..4095"):
+        int4jit.gemv(t.from_numpy(x).cuda(), wt, st, zt, perm=perm)
+    with pytest.raises(ValueError, match="perm must be a permutation"):
+        int4jit.GemvWeights(wt, st, zt, perm=perm)
 
 
 def test_compile_only_warm_covers_tuning(monkeypatch, tmp_path):

@@ -136,3 +136,9 @@ def test_act_order_layer_permutes_x_on_the_cpu():
     ref = x[:, perm].astype(np.float64) @ W.T + bias.astype(np.float64)
     assert np.allclose(y, ref, rtol=1e-4, atol=1e-4)
     assert "act_order=True" in repr(layer)
+    bad = perm.copy()
+    bad[0] = K  # an index past K would fault the gather on a GPU
+    with pytest.raises(ValueError, match=f"perm must be a permutation of 0..{K - 1}; got values 0..{K}"):
+        Int4Linear(w, s, z, perm=bad)
+    with pytest.raises(ValueError, match=f"perm must be of shape \\({K},\\)"):
+        Int4Linear(w, s, z, perm=perm[:-1])
