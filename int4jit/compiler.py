@@ -19,14 +19,20 @@ CACHE_SCHEMA = 2
 COMPILE_OPTIONS = {"cuda": ("-default-device",), "hip": ("-O3",)}
 
 
+def template_params(spec: KernelSpec) -> dict:
+    """The `${NAME}` parameters of a spec's templates: shape, geometry, the spec's own parameters
+    and the target's traits (wave size, dot2, tensor cores)."""
+    s = spec.shape
+    return {"N": s.N, "K": s.K, "GROUP": s.group, "SYMMETRIC": "true" if s.symmetric else "false",
+            "BS": spec.config.BS, "TN": spec.config.TN, "KERNEL_NAME": spec.name,
+            **dict(spec.params), **backends.module_for_arch(spec.arch).kernel_traits(spec.arch)}
+
+
 def render(spec: KernelSpec) -> tuple[str, str]:
     """(source name, HIP-dialect source) of one spec: the vendor prelude, then the template,
     with `${NAME}` parameters substituted (shape, geometry, target traits)."""
     mod = backends.module_for_arch(spec.arch)
-    s = spec.shape
-    params = {"N": s.N, "K": s.K, "GROUP": s.group, "SYMMETRIC": "true" if s.symmetric else "false",
-              "BS": spec.config.BS, "TN": spec.config.TN, "KERNEL_NAME": spec.name,
-              **dict(spec.params), **mod.kernel_traits(spec.arch)}
+    params = template_params(spec)
     prelude = string.Template(read_template(mod.PRELUDE)).substitute(params)
     body = string.Template(read_template(spec.template)).substitute(params)
     name = f"{spec.name}_{spec.arch}.hip"

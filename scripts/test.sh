@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install what the tests need and run them: the README's test command, and what CI runs.
 # Debian's libamdhip64-5 (ROCm 5.2) provides hiprtc for the gfx compile tests; Debian's llvm
-# provides llvm-objdump, which tests/test_inspect_amd.py reads the code objects with.
+# provides llvm-objdump, which tests/test_inspect_amd.py reads the code objects with; g++ builds
+# the kernel templates for the CPU (tests/kernel_emulator.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NEED=""
 [ -e /usr/lib/x86_64-linux-gnu/libamdhip64.so.5 ] || NEED="libamdhip64-5"
 command -v llvm-objdump >/dev/null || NEED="$NEED llvm"
+command -v g++ >/dev/null || NEED="$NEED g++"
 if [ -n "$NEED" ] && command -v apt-get >/dev/null; then
     SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
     $SUDO apt-get update -qq

@@ -1,0 +1,195 @@
+"""The kernel templates run on the CPU (tests/kernel_emulator.py) against the float64 reference:
+every kernel, fp16 and bf16, 1..16 tokens, the groups, ragged N and K, the variant fields, and
+the AMD targets' wave sizes (64 on gfx90a and gfx900, 32 on gfx1030) and dot-product forms, none
+of which a GPU of this project runs. Outputs are poisoned (NaN) before each launch. The vendor
+preludes, timing and clusters are the GPU tests' (tests/test_gemv_gpu.py)."""
+from concurrent.futures import ThreadPoolExecutor
+import os
+
+import numpy as np
+import pytest
+
+import int4jit
+from int4jit import spec as spec_mod
+from int4jit.shapes import GemvShape, LaunchConfig
+from int4jit.spec import Variant, make_dequant_spec, make_spec
+
+import kernel_emulator as emu
+from conftest import few_outputs_floor, random_problem, rel_error
+
+TOL = {"float16": 2e-3, "bfloat16": 5e-3}
+
+
+def bf16_bits(a) -> np.ndarray:
+    """float32 values -> bfloat16 bits (round to nearest even), as uint16."""
+    u = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(bits) -> np.ndarray:
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+
+
+def case(arch, kernel, N, K, group, symmetric=False, M=1, cfg=(128, 4), variant=None, dtype="float16",
+         scale_dtype=None):
+    shape = GemvShape(N, K, group, symmetric, M, dtype, scale_dtype or dtype)
+    return make_spec(shape, arch, kernel, LaunchConfig(*cfg), variant)
+
+
+def problem(spec, seed):
+    """(x, scales) as the kernel reads them (16-bit words), the same as the reference reads them,
+    and w, zeros."""
+    s = spec.shape
+    rng = np.random.default_rng(seed)
+    x, w, scales, zeros = random_problem(rng, s.N, s.K, s.group, s.symmetric)
+    x = rng.standard_normal((s.M, s.K)).astype(np.float32) if s.M > 1 else x.astype(np.float32)
+    x_words, x_ref = (bf16_bits(x), bf16_values(bf16_bits(x))) if s.dtype == "bfloat16" else (x.astype(np.float16),) * 2
+    if s.scale_dtype == "bfloat16":
+        scales = bf16_bits(scales.astype(np.float32))
+        s_ref = bf16_values(scales)
+    else:
+        s_ref = scales
+    return x_words, x_ref, w, scales, s_ref, zeros
+
+
+def check(spec, seed=0):
+    reason = emu.can_emulate(spec)
+    if reason:
+        pytest.skip(reason)
+    x_words, x_ref, w, scales, s_ref, zeros = problem(spec, seed)
+    out = np.full(x_words.shape[:-1] + (spec.shape.N,), 0x7E00, dtype=np.uint16)  # NaN in fp16 and bf16
+    emu.run(spec, x_words, w, scales, zeros, out)
+    y = bf16_values(out) if spec.shape.dtype == "bfloat16" else out.view(np.float16)
+    ref = int4jit.reference_gemv(x_ref, w, s_ref, zeros)
+    err = rel_error(y, ref, few_outputs_floor(x_ref, w, s_ref, zeros))
+    assert err <= TOL[spec.shape.dtype], f"{spec.arch} {spec.kernel} {spec.label()} {spec.shape.key()}: {err:.2e}"
+
+
+SIMT = [
+    # AMD wave sizes and dot forms: shuffles only (KT <= wave), and KT > wave (shared memory sums)
+    case("gfx90a", "simt", 100, 512, 128, cfg=(64, 2)),
+    case("gfx90a", "simt", 300, 4096, 32, cfg=(256, 4)),
+    case("gfx900", "simt", 300, 4096, 128, True, cfg=(256, 2)),
+    case("gfx1030", "simt", 64, 4096, 64, cfg=(512, 8)),
+    case("gfx1030", "simt", 77, 272, 16, cfg=(64, 4)),          # K % 32 == 16: 8-byte loads
+    case("gfx90a", "simt", 33, 2080, 32, cfg=(128, 2), dtype="bfloat16"),
+    case("gfx1030", "simt", 129, 896, 128, True, cfg=(32, 16), dtype="float16", scale_dtype="bfloat16"),
+    case("sm_90", "simt", 100, 512, 32, cfg=(128, 4)),
+    case("sm_90", "simt", 1, 48, 16, cfg=(64, 8), dtype="bfloat16"),
+    case("sm_90", "simt", 896, 4864, 128, cfg=(256, 4), dtype="bfloat16"),
+]
+
+TC = [
+    case("sm_90", "tc", 300, 1024, 128, cfg=(128, 4)),                       # streaming, raw_a defaults
+    case("sm_90", "tc", 300, 1024, 32, cfg=(64, 2)),                         # the diagonal, contiguous K
+    case("sm_90", "tc", 250, 160, 32, True, cfg=(128, 8)),                   # a partial last step
+    case("sm_90", "tc", 130, 2048, 16, cfg=(256, 2)),                        # two groups a chunk
+    case("sm_90", "tc", 260, 4096, 256, cfg=(512, 16)),
+    case("sm_90", "tc", 200, 1024, 64, cfg=(32, 4), dtype="bfloat16"),
+    case("sm_90", "tc", 300, 2048, 128, M=3, cfg=(128, 4)),                  # several tokens
+    case("sm_90", "tc", 300, 1024, 32, M=8, cfg=(128, 2), dtype="bfloat16"),  # SCALED
+    case("sm_90", "tc", 100, 512, 16, True, M=5, cfg=(64, 4), scale_dtype="bfloat16"),
+    case("sm_80", "tc", 64, 256, 128, M=2, cfg=(64, 8), dtype="bfloat16", scale_dtype="float16"),
+]
+
+TC_BATCH = [
+    case("sm_90", "tc_batch", 300, 2048, 128, M=9, cfg=(128, 4)),
+    case("sm_90", "tc_batch", 200, 1024, 32, True, M=16, cfg=(64, 2), dtype="bfloat16"),
+    case("sm_90", "tc_batch", 130, 160, 16, M=12, cfg=(256, 8)),
+]
+
+
+def variants(shape, cfg):
+    """Every variant the exhaustive search builds at one (BS, TN), on both schedules."""
+    out = []
+    for base in spec_mod.schedules(shape, "tc", LaunchConfig(*cfg), "sm_90"):
+        out += spec_mod.variant_space(shape, "tc", LaunchConfig(*cfg), "sm_90", exhaustive=True, base=base)
+    out += [Variant(streaming=True, early=True), Variant(streaming=True, early=True, loads=8, prefetch=2)]
+    return [make_spec(shape, "sm_90", "tc", LaunchConfig(*cfg), v, pdl=True) for v in dict.fromkeys(out)]
+
+
+VARIANTS = (variants(GemvShape(300, 2048, 128, False), (128, 4))
+            + variants(GemvShape(200, 1024, 32, True), (64, 2))
+            + variants(GemvShape(300, 2048, 128, False, 4, "bfloat16", "bfloat16"), (128, 4)))
+
+DEQUANT = [make_dequant_spec(GemvShape(100, 512, 32, False), "sm_90"),
+           make_dequant_spec(GemvShape(70, 4096, 128, True, scale_dtype="bfloat16"), "gfx90a", "bfloat16")]
+
+ALL = SIMT + TC + TC_BATCH + VARIANTS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    """Compile every spec of this file up front, on every core (each is a ~1 s C++ build)."""
+    if emu.compiler_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C++ compiler in CI: scripts/test.sh installs g++")
+        pytest.skip("no C++ compiler (g++ or clang++) on PATH")
+    specs = [s for s in ALL + DEQUANT if emu.can_emulate(s) is None]
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        list(pool.map(emu.build, specs))
+
+
+def _id(s):
+    return f"{s.arch}-{s.kernel}-{s.shape.key()}-{s.label()}"
+
+
+@pytest.mark.parametrize("spec", SIMT, ids=_id)
+def test_simt_kernel(spec):
+    check(spec)
+
+
+@pytest.mark.parametrize("spec", TC, ids=_id)
+def test_tensor_core_kernel(spec):
+    check(spec)
+
+
+@pytest.mark.parametrize("spec", TC_BATCH, ids=_id)
+def test_tensor_core_batch_kernel(spec):
+    check(spec)
+
+
+@pytest.mark.parametrize("spec", VARIANTS, ids=_id)
+def test_tensor_core_kernel_every_variant(spec):
+    check(spec)
+
+
+@pytest.mark.parametrize("spec", DEQUANT, ids=_id)
+def test_dequantise_kernel(spec):
+    s = spec.shape
+    rng = np.random.default_rng(3)
+    _, w, scales, zeros = random_problem(rng, s.N, s.K, s.group, s.symmetric)
+    s_kernel, s_ref = (bf16_bits(scales.astype(np.float32)), None) if s.scale_dtype == "bfloat16" else (scales, scales)
+    if s_ref is None:
+        s_ref = bf16_values(s_kernel)
+    out = np.full((s.N, s.K), 0x7E00, dtype=np.uint16)
+    emu.run(spec, np.zeros(s.K, np.float16), w, s_kernel, zeros, out)
+    W = bf16_values(out) if spec.param("OUT_BF16") == "true" else out.view(np.float16).astype(np.float32)
+    ref = int4jit.dequantize(w, s_ref, zeros)
+    assert np.all(np.isfinite(W))
+    assert np.max(np.abs(W - ref)) <= (2 ** -8 if spec.param("OUT_BF16") == "true" else 2 ** -11) * np.max(np.abs(ref))
+
+
+MUTATIONS = {  # one wrong line each, and a spec whose result depends on it
+    "sign": ("gemv.hip", "acc[r] += dot_finish(a)", "acc[r] -= dot_finish(a)", case("gfx90a", "simt", 300, 4096, 32, cfg=(256, 4))),
+    "zero point": ("gemv.hip", "zlo = (0x6400u | z)", "zlo = (0x6400u | (z ^ 1u))", case("gfx1030", "simt", 100, 512, 128, cfg=(64, 2))),
+    "wave reduction": ("gemv.hip", "for (int m = SHUFFLE_SPAN / 2;", "for (int m = 0;", case("gfx90a", "simt", 300, 4096, 32, cfg=(256, 4))),
+    "diagonal fold": ("gemv_tc.hip", "acc[tw][h][0] += warp_xor(acc[tw][h][0], 1);", ";",
+                      case("sm_90", "tc", 300, 1024, 32, cfg=(64, 2))),
+    "group of a lane": ("gemv_tc.hip", "const int fold_chunk = DIAG ? 2 * (t & 1) : t;",
+                        "const int fold_chunk = DIAG ? 2 * (t & 1) : 0;", case("sm_90", "tc", 300, 1024, 32, M=3, cfg=(128, 2))),
+    "mma column block": ("gemv_tc_batch.hip", "NT = (M + 7) / 8;", "NT = 1;", case("sm_90", "tc_batch", 300, 2048, 128, M=9, cfg=(128, 4))),
+}
+
+
+@pytest.mark.parametrize("what", list(MUTATIONS))
+def test_a_wrong_kernel_fails(monkeypatch, what):
+    """The emulator checks the kernel's own arithmetic: a template with one wrong line (a sign, a
+    zero point, a lost reduction, the wrong group's scale, a lost token block) gives results the
+    reference rejects."""
+    name, old, new, spec = MUTATIONS[what]
+    text = spec_mod.read_template(name)
+    assert old in text, f"{name} no longer has {old!r}: update the mutation"
+    monkeypatch.setattr(emu, "read_template", lambda n: text.replace(old, new) if n == name else spec_mod.read_template(n))
+    with pytest.raises(AssertionError, match=r"\d\.\d+e[-+]\d+|inf"):
+        check(spec)
