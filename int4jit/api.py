@@ -325,6 +325,7 @@ class GemvWeights:
         self._args = PackedArgs([0, infos[1].ptr, infos[2].ptr, 0 if zeros is None else infos[3].ptr, 0])
         self._values = self._args.values
         self._launches: dict = {}      # (tokens, dtype, environment state) -> launch
+        self._out_shapes: dict = {}    # x.shape -> y's shape (making it costs ~1 us a call)
         self._dense_launch: dict = {}  # output dtype -> the dequantising launch
         self._lock = threading.Lock()
 
@@ -370,17 +371,27 @@ class GemvWeights:
         if (dt is not torch.float16 and dt is not torch.bfloat16) or x.get_device() != self.device_index \
                 or x.shape[-1] != self.K or not 1 <= tokens <= MAX_TOKENS or not x.is_contiguous():
             validate_x(x, self.K, self.device_index)
-        if out is None:
-            out = x.new_empty(x.shape[:-1] + (self.N,))
-        elif out.dtype != dt or out.numel() != tokens * self.N or not out.is_contiguous() \
-                or out.device != x.device:
+        if out is not None and (out.dtype != dt or out.numel() != tokens * self.N or not out.is_contiguous()
+                                or out.device != x.device):
             raise ValueError(f"out must be a contiguous {dt} tensor of {tokens} x {self.N} elements on {x.device}; "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        return self.launch_checked(x, tokens, out)
+
+    def launch_checked(self, x, tokens: int, out=None):
+        """y for an x the caller has checked as __call__ does (its dtype, device, [..., K] holding
+        `tokens` tokens, contiguous; no perm to apply): Int4Linear's one-token call."""
+        if out is None:
+            shape = self._out_shapes.get(x.shape)
+            if shape is None:
+                if len(self._out_shapes) >= 64:
+                    self._out_shapes.clear()
+                shape = self._out_shapes[x.shape] = x.shape[:-1] + (self.N,)
+            out = x.new_empty(shape)
         x_ptr = x.data_ptr()
         if x_ptr & 15:  # a view at an odd offset: the kernel reads x in 16-byte loads
             validate_x(x, self.K, self.device_index)
         stream = self._stream_of(self.device_index)
-        launch = self._kernel(stream, tokens, dt)
+        launch = self._kernel(stream, tokens, x.dtype)
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
             v[0] = x_ptr

@@ -99,6 +99,12 @@ TC_BATCH = [
 ]
 
 
+# Every token count one launch serves (tc up to 8, tc_batch beyond), fp16 g128 and bf16 g32.
+TOKENS = [make_spec(GemvShape(200, 1024, g, False, M, dt, dt), "sm_90", spec_mod.choose_kernel(GemvShape(200, 1024, g, False, M), True),
+                    LaunchConfig(128, 4))
+          for M in range(1, 17) for g, dt in ((128, "float16"), (32, "bfloat16"))]
+
+
 def variants(shape, cfg):
     """Every variant the exhaustive search builds at one (BS, TN), on both schedules."""
     out = []
@@ -115,7 +121,7 @@ VARIANTS = (variants(GemvShape(300, 2048, 128, False), (128, 4))
 DEQUANT = [make_dequant_spec(GemvShape(100, 512, 32, False), "sm_90"),
            make_dequant_spec(GemvShape(70, 4096, 128, True, scale_dtype="bfloat16"), "gfx90a", "bfloat16")]
 
-ALL = SIMT + TC + TC_BATCH + VARIANTS
+ALL = SIMT + TC + TC_BATCH + TOKENS + VARIANTS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -146,6 +152,11 @@ def test_tensor_core_kernel(spec):
 
 @pytest.mark.parametrize("spec", TC_BATCH, ids=_id)
 def test_tensor_core_batch_kernel(spec):
+    check(spec)
+
+
+@pytest.mark.parametrize("spec", TOKENS, ids=_id)
+def test_every_token_count(spec):
     check(spec)
 
 

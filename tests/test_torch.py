@@ -142,3 +142,34 @@ def test_act_order_layer_permutes_x_on_the_cpu():
         Int4Linear(w, s, z, perm=bad)
     with pytest.raises(ValueError, match=f"perm must be of shape \\({K},\\)"):
         Int4Linear(w, s, z, perm=perm[:-1])
+
+
+def test_one_token_call_launches_with_the_prepared_layer_until_the_weights_move(monkeypatch):
+    """Int4Linear's eager one-token call (the decode path) goes straight to its prepared layer's
+    launch with x's and a new y's pointers, y shaped [..., N] like x; after the weights are
+    replaced (as .to() / .cuda() or an assignment does) it no longer launches that layer. The GPU
+    is stubbed: a layer prepared for 'device -1' (where a CPU tensor reports itself)."""
+    import threading
+    from int4jit import api
+    from int4jit.backends._args import PackedArgs
+    from int4jit.shapes import GemvShape
+    N, K = 64, 256
+    mod = Int4Linear.from_linear(torch.nn.Linear(K, N, bias=False), group_size=128)
+    launched = []
+    layer = object.__new__(int4jit.GemvWeights)
+    layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, 128, False), w=mod.w, scales=mod.scales, zeros=mod.zeros,
+                          perm=None, device_index=-1, device=None, N=N, K=K, _stream_of=lambda i: 0x50,
+                          _args=PackedArgs([0, 1, 2, 3, 0]), _launches={}, _out_shapes={}, _lock=threading.Lock())
+    layer._values = layer._args.values
+    monkeypatch.setattr(api, "kernel_for", lambda dev, shape, config, stream, fixed_weights=False: type(
+        "K", (), {"launch_packed": staticmethod(lambda args, s: launched.append((list(args.values), s, shape)))})())
+    mod._layer = layer
+    for x in (torch.randn(1, 1, K).half(), torch.randn(K).half()):
+        y = mod(x)
+        assert y.shape == x.shape[:-1] + (N,) and y.dtype == torch.float16
+        values, stream, shape = launched[-1]
+        assert values == [x.data_ptr(), 1, 2, 3, y.data_ptr()] and stream == 0x50 and (shape.M, shape.dtype) == (1, "float16")
+    assert len(launched) == 2
+    mod.w = mod.w.clone()  # the weights moved: the prepared layer holds the old buffer
+    y = mod(torch.randn(K).half())  # on the CPU that is the dequantising fallback
+    assert len(launched) == 2 and y.shape == (N,)
