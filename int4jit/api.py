@@ -23,8 +23,8 @@ from .validate import validate, validate_x
 _ENV_KEYS = tuple(v for name in PLAN_VARIABLES for v in ALIASES[name])  # every alias of each
 _kernels: dict[tuple, Kernel] = {}
 _kernels_lock = threading.Lock()
-_local = threading.local()  # per-thread prepared calls: their argument buffers are mutated
-_NO_CALLS: dict = {}        # a thread's calls before it has prepared any
+_local = threading.local()  # per-thread prepared weight sets: their argument buffers are mutated
+_NO_WEIGHTS: dict = {}      # a thread's weight sets before it has prepared any
 _MAX_PREPARED = 4096
 
 
@@ -60,28 +60,74 @@ def kernel_for(dev, shape: GemvShape, config, stream: int, fixed_weights: bool =
     return k
 
 
-class _Prepared:
-    """A validated torch call, replayed while the same tensor objects come back: their data
-    pointers are re-read on every call (a tensor given new storage is followed), nothing else
-    is. A tensor reshaped in place keeps its storage, so the kernel stays inside it; the call
-    then computes the shapes it was prepared with."""
-    __slots__ = ("refs", "env", "launch", "args", "values", "device_index", "stream_of")
+class _PreparedWeights:
+    """A validated weight set (w, scales, zeros: torch tensors on one GPU), kept while the same
+    tensor objects come back, so that a call with a new x and out (as a model makes them) checks
+    only what x and out can change (dtype, tokens, K, device, contiguity, alignment) and launches.
+    Every tensor's data pointer is re-read each call (a tensor given new storage is followed); a
+    weight tensor reshaped in place keeps its storage, so the kernel stays inside it. Anything
+    the checks do not accept goes the full way (validate), which names what is wrong."""
+    __slots__ = ("refs", "shape", "device_index", "dev", "launches", "args", "values", "stream_of", "dtypes")
 
-    def __init__(self, tensors, env, kernel, device_index):
-        self.env = env  # the variables the kernel was planned under
-        self.refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
-        self.launch = kernel.launch_packed
+    def __init__(self, shape: GemvShape, w, scales, zeros, device_index: int, dev):
+        self.refs = tuple(None if t is None else weakref.ref(t) for t in (w, scales, zeros))
+        self.shape = replace(shape, M=1, dtype="float16")  # the weights' part; a call sets M and dtype
+        self.device_index = device_index
+        self.dev = dev
+        self.launches: dict = {}  # (tokens, dtype, config, environment state) -> launch
         self.args = PackedArgs([0] * 5)
         self.values = self.args.values
-        self.device_index = device_index
         self.stream_of = torch_stream_getter()
+        torch = sys.modules["torch"]
+        self.dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+    def holds(self, w, scales, zeros) -> bool:
+        rw, rs, rz = self.refs
+        return rw() is w and rs() is scales and (rz is None if zeros is None else rz() is zeros)
+
+    def __call__(self, x, w, scales, zeros, out, stream, config, config_key):
+        """out (made when None), or None where x or out need the full checks."""
+        dt = x.dtype
+        shape = x.shape
+        ndim = len(shape)
+        tokens = 1 if ndim == 1 else shape[0] if ndim == 2 else 0
+        N = self.shape.N
+        if dt not in self.dtypes or not 1 <= tokens <= MAX_TOKENS or shape[-1] != self.shape.K \
+                or not x.is_contiguous() or x.get_device() != self.device_index:
+            return None
+        y_shape = (N,) if ndim == 1 else (tokens, N)
+        if out is None:
+            out = x.new_empty(y_shape)
+        elif out.dtype is not dt or out.shape != y_shape or not out.is_contiguous() \
+                or out.get_device() != self.device_index:
+            return None
+        x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+        if (x_ptr | out_ptr) & 15:
+            return None
+        s = self.stream_of(self.device_index) if stream is None else stream_handle(stream, None)
+        key = (tokens, dt, config_key, _env_state())
+        launch = self.launches.get(key)
+        if launch is None:
+            shape_now = replace(self.shape, M=tokens, dtype=self.dtypes[dt])
+            launch = kernel_for(self.dev, shape_now, config, s).launch_packed
+            if not self.dev.is_capturing(s):  # a pick made inside a capture is not kept (kernel_for)
+                self.launches[key] = launch
+        v = self.values
+        v[0] = x_ptr
+        v[1] = w.data_ptr()
+        v[2] = scales.data_ptr()
+        v[3] = 0 if zeros is None else zeros.data_ptr()
+        v[4] = out_ptr
+        launch(self.args, s)
+        return out
 
 
-def _prepared_calls() -> dict:
-    calls = getattr(_local, "calls", None)
-    if calls is None:
-        calls = _local.calls = {}
-    return calls
+def _prepared_weights() -> dict:
+    """This thread's prepared weight sets (their argument buffers are mutated by each call)."""
+    sets = getattr(_local, "weights", None)
+    if sets is None:
+        sets = _local.weights = {}
+    return sets
 
 
 def torch_stream_getter():
@@ -89,28 +135,6 @@ def torch_stream_getter():
     torch = sys.modules["torch"]
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw if raw is not None else (lambda index: torch.cuda.current_stream(index).cuda_stream)
-
-
-def _replay(key, env, x, w, scales, zeros, out, stream) -> bool:
-    """Launch a prepared call again if these are its tensors and the environment it was
-    planned under; False if there is none."""
-    p = getattr(_local, "calls", _NO_CALLS).get(key)
-    if p is None or p.env != env:
-        return False
-    rx, rw, rs, rz, ro = p.refs
-    if rx() is not x or rw() is not w or rs() is not scales or ro() is not out:
-        return False
-    v = p.values
-    if zeros is not None:  # the key holds id(zeros): None here means None when prepared
-        if rz() is not zeros:
-            return False
-        v[3] = zeros.data_ptr()
-    v[0] = x.data_ptr()
-    v[1] = w.data_ptr()
-    v[2] = scales.data_ptr()
-    v[4] = out.data_ptr()
-    p.launch(p.args, p.stream_of(p.device_index) if stream is None else stream_handle(stream, None))
-    return True
 
 
 def stream_handle(stream, xi) -> int:
@@ -260,11 +284,14 @@ def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=N
         config_override(config)  # a malformed config fails before any device or copy is touched
     if perm is not None:
         x = _permuted(x, perm, describe("w", w).shape[-1] * 2, stream)
-    fast_key = None
-    if out is not None and device is None and type(x).__module__ == "torch":
-        fast_key, env = (id(x), id(w), id(scales), id(zeros), id(out), config if isinstance(config, (str, type(None))) else tuple(config)), _env_state()
-        if _replay(fast_key, env, x, w, scales, zeros, out, stream):
-            return out
+    torch_weights = device is None and type(x).__module__ == "torch" and type(w).__module__ == "torch"
+    if torch_weights:
+        config_key = config if config is None or isinstance(config, str) else tuple(config)
+        prepared = getattr(_local, "weights", _NO_WEIGHTS).get((id(w), id(scales), id(zeros)))
+        if prepared is not None and prepared.holds(w, scales, zeros):
+            y = prepared(x, w, scales, zeros, out, stream, config, config_key)
+            if y is not None:
+                return y
     shape, infos, out_shape = validate(x, w, scales, zeros, out)
     xi = infos[0]
     if not xi.on_device:
@@ -287,12 +314,11 @@ def gemv(x, w, scales, zeros=None, *, perm=None, out=None, stream=None, config=N
         oi = infos[4]
     zi = infos[3]
     kernel(xi.ptr, infos[1].ptr, infos[2].ptr, 0 if zi is None else zi.ptr, oi.ptr, s)
-    if fast_key is not None and xi.framework == "torch" and all(
-            i is None or i.framework == "torch" for i in infos):
-        calls = _prepared_calls()
-        if len(calls) >= _MAX_PREPARED:
-            calls.clear()
-        calls[fast_key] = _Prepared((x, w, scales, zeros, out), env, kernel, xi.device[1])
+    if torch_weights and all(i is None or i.framework == "torch" for i in infos[1:4]):
+        sets = _prepared_weights()
+        if len(sets) >= _MAX_PREPARED:
+            sets.clear()
+        sets[(id(w), id(scales), id(zeros))] = _PreparedWeights(shape, w, scales, zeros, xi.device[1], dev)
     return out
 
 

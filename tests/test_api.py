@@ -1,5 +1,7 @@
 """Every bad input raises ValueError/TypeError naming the argument, before anything is
 compiled or launched (the backend and compiler are booby-trapped to prove it)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -119,41 +121,57 @@ def test_good_config_reaches_the_backend(config):
         int4jit.gemv(*good(), config=config)
 
 
-class _RecordingKernel:
-    def __init__(self):
-        self.launches = []
-
-    def launch_packed(self, args, stream):
-        self.launches.append((list(args.values), stream))
-
-
-def test_torch_fast_path_replays_only_for_the_same_tensors_and_environment(monkeypatch):
-    """The per-call path of a prepared torch call: it launches with the tensors' current data
-    pointers (a tensor given new storage is followed), and declines (so the full path runs) for
-    another tensor object or a changed selection variable."""
+def test_torch_calls_with_new_activations_reuse_the_prepared_weights(monkeypatch):
+    """After one full call, gemv on the same weight tensors (a model's layer) launches with a new x
+    and out each call without validating again: with every tensor's current data pointer (a
+    tensor given new storage is followed), on torch's current stream or the one given, a kernel
+    planned per (tokens, dtype, config, environment); an x or out it does not accept, or other
+    weight objects, go the full way. torch's CPU tensors stand in for device tensors."""
     torch = pytest.importorskip("torch")
-    from int4jit import api
+    from int4jit.shapes import GemvShape
     monkeypatch.setattr(api, "torch_stream_getter", lambda: (lambda index: 0x5000 + index))
-    monkeypatch.delenv("INT4JIT_CONFIG", raising=False)
+    planned, launched = [], []
+
+    class Kernel:
+        def launch_packed(self, args, stream):
+            launched.append((list(args.values), stream))
+
+    def kernel_for(dev, shape, config, stream, fixed_weights=False):
+        planned.append((shape.M, shape.dtype, config, os.environ.get("INT4JIT_CONFIG")))
+        return Kernel()
+
+    monkeypatch.setattr(api, "kernel_for", kernel_for)
+    dev = type("Dev", (), {"is_capturing": lambda self, s: False})()
     N, K = 64, 256
-    x, w = torch.ones(K, dtype=torch.float16), torch.zeros(N, K // 2, dtype=torch.uint8)
-    s, out = torch.ones(N, K // 128, dtype=torch.float16), torch.empty(N, dtype=torch.float16)
-    kernel = _RecordingKernel()
-    key, env = (id(x), id(w), id(s), id(None), id(out), None), api._env_state()
-    api._prepared_calls()[key] = api._Prepared((x, w, s, None, out), env, kernel, 1)
+    w, s = torch.zeros(N, K // 2, dtype=torch.uint8), torch.ones(N, K // 128, dtype=torch.float16)
+    z = torch.zeros(N, K // 128, dtype=torch.uint8)
+    prepared = api._PreparedWeights(GemvShape(N, K, 128, False), w, s, z, -1, dev)  # device -1: where CPU tensors are
+    api._prepared_weights()[(id(w), id(s), id(z))] = prepared
     try:
-        assert api._replay(key, env, x, w, s, None, out, None)
-        assert kernel.launches[-1] == ([x.data_ptr(), w.data_ptr(), s.data_ptr(), 0, out.data_ptr()], 0x5001)
-        x.set_(torch.full((K,), 2.0, dtype=torch.float16))  # new storage, same object
-        assert api._replay(key, env, x, w, s, None, out, 77)
-        assert kernel.launches[-1][0][0] == x.data_ptr() and kernel.launches[-1][1] == 77
-        other = torch.empty(N, dtype=torch.float16)
-        assert not api._replay(key, env, x, w, s, None, other, None)  # not the prepared out
+        x = torch.ones(K, dtype=torch.float16)
+        y = int4jit.gemv(x, w, s, z)
+        assert y.shape == (N,) and launched[-1] == ([x.data_ptr(), w.data_ptr(), s.data_ptr(), z.data_ptr(), y.data_ptr()], 0x4fff)
+        xs = torch.ones(3, K, dtype=torch.bfloat16)
+        out = torch.empty(3, N, dtype=torch.bfloat16)
+        assert int4jit.gemv(xs, w, s, z, out=out, stream=77) is out
+        assert launched[-1] == ([xs.data_ptr(), w.data_ptr(), s.data_ptr(), z.data_ptr(), out.data_ptr()], 77)
+        w.set_(torch.ones(N, K // 2, dtype=torch.uint8))  # new storage, same object: followed
+        int4jit.gemv(x, w, s, z)
+        assert launched[-1][0][1] == w.data_ptr()
+        assert planned == [(1, "float16", None, None), (3, "bfloat16", None, None)]  # one plan per tokens and dtype
         monkeypatch.setenv("INT4JIT_CONFIG", "128,4")
-        assert not api._replay(key, api._env_state(), x, w, s, None, out, None)  # selection may differ
-        assert len(kernel.launches) == 2
+        int4jit.gemv(x, w, s, z)
+        assert planned[-1] == (1, "float16", None, "128,4")  # a changed variable plans again
+        assert len(launched) == 4
+        for bad_x, bad_out in [(torch.ones(K, dtype=torch.float32), None), (torch.ones(K + 2, dtype=torch.float16), None),
+                               (torch.ones(17, K, dtype=torch.float16), None), (torch.ones(2, K, dtype=torch.float16)[:, ::2], None),
+                               (x, torch.empty(N + 1, dtype=torch.float16)), (x, torch.empty(1, N, dtype=torch.float16)),
+                               (x, torch.empty(N, dtype=torch.bfloat16))]:
+            assert prepared(bad_x, w, s, z, bad_out, None, None, None) is None  # the full path decides
+        assert not prepared.holds(w, s.clone(), z) and not prepared.holds(w, s, None)
+        assert len(launched) == 4
     finally:
-        api._prepared_calls().pop(key, None)
+        api._prepared_weights().clear()
 
 
 def test_host_arrays_in_the_other_byte_order_are_converted_and_out_is_refused():
