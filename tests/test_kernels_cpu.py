@@ -11,7 +11,7 @@ import pytest
 
 import int4jit
 from int4jit import spec as spec_mod
-from int4jit.shapes import GemvShape, LaunchConfig
+from int4jit.shapes import GemvShape, LaunchConfig, candidate_grid
 from int4jit.spec import Variant, make_dequant_spec, make_spec
 
 import kernel_emulator as emu
@@ -99,6 +99,11 @@ TC_BATCH = [
 ]
 
 
+# The AMD targets at every point of the default grid (the heuristic picks among them): wave 64
+# with dot2 (gfx90a), wave 32 with dot2 (gfx1030), on a shape with ragged rows and long rows.
+AMD_GRID = [make_spec(GemvShape(300, 4096, 128, False), arch, "simt", cfg)
+            for arch in ("gfx90a", "gfx1030") for cfg in candidate_grid(False)]
+
 # Every token count one launch serves (tc up to 8, tc_batch beyond), fp16 g128 and bf16 g32.
 TOKENS = [make_spec(GemvShape(200, 1024, g, False, M, dt, dt), "sm_90", spec_mod.choose_kernel(GemvShape(200, 1024, g, False, M), True),
                     LaunchConfig(128, 4))
@@ -121,7 +126,7 @@ VARIANTS = (variants(GemvShape(300, 2048, 128, False), (128, 4))
 DEQUANT = [make_dequant_spec(GemvShape(100, 512, 32, False), "sm_90"),
            make_dequant_spec(GemvShape(70, 4096, 128, True, scale_dtype="bfloat16"), "gfx90a", "bfloat16")]
 
-ALL = SIMT + TC + TC_BATCH + TOKENS + VARIANTS
+ALL = SIMT + AMD_GRID + TC + TC_BATCH + TOKENS + VARIANTS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -142,6 +147,11 @@ def _id(s):
 
 @pytest.mark.parametrize("spec", SIMT, ids=_id)
 def test_simt_kernel(spec):
+    check(spec)
+
+
+@pytest.mark.parametrize("spec", AMD_GRID, ids=_id)
+def test_amd_grid_point(spec):
     check(spec)
 
 
