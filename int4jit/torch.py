@@ -52,13 +52,34 @@ def _layer_for(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tens
 
 @torch.library.custom_op("int4jit::gemv", mutates_args=())
 def gemv_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor]) -> torch.Tensor:
-    """y [..., N] = x @ dequant(w)^T for 1..16 tokens x [..., K] (fp16 or bf16) on the GPU."""
+    """y [..., N] = x @ dequant(w)^T for 1..16 tokens x [..., K] (fp16 or bf16) on the GPU; on the
+    CPU dequantise + matmul. Differentiable in x (the weights are constants)."""
     return _layer_for(w, scales, zeros)(x.contiguous())
+
+
+@gemv_op.register_kernel("cpu")
+def _(x, w, scales, zeros):
+    return torch.matmul(x, _unpack_dequantize(w, scales, zeros, x.dtype).t())
 
 
 @gemv_op.register_fake
 def _(x, w, scales, zeros):
     return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def _gemv_setup_context(ctx, inputs, output):
+    _, w, scales, zeros = inputs
+    ctx.weights = (w, scales, zeros)
+
+
+def _gemv_backward(ctx, grad):
+    """dL/dx = dL/dy @ W, with W dequantised for the backward (fine-tuning adapters on frozen int4
+    weights); no gradient for the int4 weights."""
+    W = _unpack_dequantize(*ctx.weights, grad.dtype)
+    return torch.matmul(grad, W), None, None, None
+
+
+gemv_op.register_autograd(_gemv_backward, setup_context=_gemv_setup_context)
 
 
 # -- the module -------------------------------------------------------------------------
@@ -130,7 +151,7 @@ class Int4Linear(nn.Module):
         buffers = self._buffers
         if layer is not None and x.dtype is torch.float16 and x.numel() == self.in_features \
                 and x.get_device() == layer.device_index and layer.w is buffers["w"] and buffers["perm"] is None \
-                and x.is_contiguous() and not torch.compiler.is_compiling():
+                and x.is_contiguous() and not x.requires_grad and not torch.compiler.is_compiling():
             y = layer.launch_checked(x, 1)
             return y if self.bias is None else y + self.bias
         if x.shape[-1] != self.in_features:
@@ -141,7 +162,8 @@ class Int4Linear(nn.Module):
         if x.is_cuda and 1 <= tokens <= MAX_TOKENS and x.dtype in (torch.float16, torch.bfloat16) \
                 and self._kernel_ok:
             x = x if x.is_contiguous() else x.contiguous()
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
+                # the custom op: traced as one node, and differentiable in x (its backward)
                 y = torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros)
             else:
                 try:

@@ -173,3 +173,44 @@ def test_one_token_call_launches_with_the_prepared_layer_until_the_weights_move(
     mod.w = mod.w.clone()  # the weights moved: the prepared layer holds the old buffer
     y = mod(torch.randn(K).half())  # on the CPU that is the dequantising fallback
     assert len(launched) == 2 and y.shape == (N,)
+
+
+def test_gradients_flow_to_x_through_every_path():
+    """Fine-tuning adapters on frozen int4 layers needs dL/dx = dL/dy @ W: the custom op has a
+    backward (checked by torch's opcheck and gradcheck), and Int4Linear's CPU path is dense; the
+    int4 weights get no gradient."""
+    q = Int4Linear.from_linear(torch.nn.Linear(256, 64), group_size=64)
+    W = torch.from_numpy(int4jit.dequantize(q.w.numpy(), q.scales.numpy(), q.zeros.numpy()))
+    for zeros in (q.zeros, None):
+        torch.library.opcheck(torch.ops.int4jit.gemv.default, (torch.randn(3, 256, requires_grad=True), q.w, q.scales, zeros))
+    x = torch.randn(3, 256, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: torch.ops.int4jit.gemv(t, q.w, q.scales, q.zeros), (x,))
+    x = torch.randn(2, 256, requires_grad=True)
+    g = torch.randn(2, 64)
+    (q(x) * g).sum().backward()
+    assert torch.allclose(x.grad, g @ W, rtol=1e-4, atol=1e-5)
+    x.grad = None
+    (torch.ops.int4jit.gemv(x, q.w, q.scales, q.zeros) * g).sum().backward()
+    assert torch.allclose(x.grad, g @ W, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gradients_flow_to_x_on_the_gpu_kernels():
+    """On the GPU a call whose x requires grad (with grad enabled) runs the kernel through the
+    custom op, so y matches the reference and x.grad = dL/dy @ W, for one token and several; under
+    torch.no_grad the eager path is unchanged."""
+    q = Int4Linear.from_linear(torch.nn.Linear(4096, 1024, bias=False).cuda(), group_size=128).cuda()
+    w, s, z = (t.cpu().numpy() for t in (q.w, q.scales, q.zeros))
+    W = torch.from_numpy(int4jit.dequantize(w, s, z)).cuda()
+    for tokens in (1, 4):
+        x = torch.randn(1, tokens, 4096, device="cuda", dtype=torch.float16, requires_grad=True)
+        y = q(x)
+        assert y.requires_grad and y.shape == (1, tokens, 1024)
+        ref = np.stack([int4jit.reference_gemv(v, w, s, z) for v in x.detach().reshape(-1, 4096).cpu().numpy()])
+        assert rel_error(y.detach().float().reshape(tokens, -1).cpu().numpy(), ref) < 2e-3
+        g = torch.randn_like(y)
+        y.backward(g)
+        expected = (g.float().reshape(tokens, -1) @ W).reshape(x.shape)
+        assert rel_error(x.grad.float().cpu().numpy(), expected.cpu().numpy()) < 5e-3
+    with torch.no_grad():
+        assert not q(torch.randn(1, 1, 4096, device="cuda", dtype=torch.float16)).requires_grad
