@@ -122,6 +122,16 @@ class Int4Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float16)
         return cls(w, s, z, bias).to(linear.weight.device)
 
+    def _apply(self, fn, *args, **kwargs):
+        """.to(device) moves every buffer; a dtype conversion of the model (model.float(), .half(),
+        .to(torch.bfloat16)) leaves the scales in the type they were quantised in (the kernels
+        read float16 or bfloat16 scales, and a cast would change the quantised weights)."""
+        dtype = self.scales.dtype
+        module = super()._apply(fn, *args, **kwargs)
+        if self.scales.dtype != dtype:
+            self.scales = self.scales.to(dtype)
+        return module
+
     def __getstate__(self):  # copy/pickle: the prepared launch is per process, made again on use
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         return {**state, "_layer": None}
@@ -153,7 +163,7 @@ class Int4Linear(nn.Module):
                 and x.get_device() == layer.device_index and layer.w is buffers["w"] and buffers["perm"] is None \
                 and x.is_contiguous() and not x.requires_grad and not torch.compiler.is_compiling():
             y = layer.launch_checked(x, 1)
-            return y if self.bias is None else y + self.bias
+            return y if self.bias is None else y.add_(self.bias)  # in y's dtype, whatever the bias's
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
         if self.perm is not None:

@@ -214,3 +214,17 @@ def test_gradients_flow_to_x_on_the_gpu_kernels():
         assert rel_error(x.grad.float().cpu().numpy(), expected.cpu().numpy()) < 5e-3
     with torch.no_grad():
         assert not q(torch.randn(1, 1, 4096, device="cuda", dtype=torch.float16)).requires_grad
+
+
+def test_model_dtype_conversions_keep_the_quantised_scales():
+    """model.float() / .to(torch.bfloat16) / .double() convert the bias but not the scales: they
+    stay as quantised (a cast would change the weights, and the kernels read fp16 or bf16)."""
+    q = Int4Linear.from_linear(torch.nn.Linear(256, 64), group_size=64)
+    scales = q.scales.clone()
+    for convert, bias_dtype in ((lambda m: m.float(), torch.float32), (lambda m: m.to(torch.bfloat16), torch.bfloat16),
+                                (lambda m: torch.nn.Sequential(m).double(), torch.float64)):
+        convert(q)
+        assert q.scales.dtype == torch.float16 and torch.equal(q.scales, scales) and q.bias.dtype == bias_dtype
+    x = torch.randn(2, 256, dtype=torch.float64)
+    W = int4jit.dequantize(q.w.numpy(), scales.numpy(), q.zeros.numpy()).astype(np.float64)
+    assert np.allclose(q(x).numpy(), x.numpy() @ W.T + q.bias.numpy(), rtol=1e-6, atol=1e-6)
