@@ -126,11 +126,15 @@ class Int4Linear(nn.Module):
         """.to(device) moves every buffer; a dtype conversion of the model (model.float(), .half(),
         .to(torch.bfloat16)) leaves the scales in the type they were quantised in (the kernels
         read float16 or bfloat16 scales, and a cast would change the quantised weights)."""
-        dtype = self.scales.dtype
-        module = super()._apply(fn, *args, **kwargs)
-        if self.scales.dtype != dtype:
-            self.scales = self.scales.to(dtype)
-        return module
+        scales = self._buffers["scales"]
+        moved = fn(scales[:0])  # what fn makes of the scales (an empty view: nothing copied)
+        if moved.dtype == scales.dtype:
+            return super()._apply(fn, *args, **kwargs)
+        self._buffers["scales"] = None  # skipped by the conversion, then only moved
+        try:
+            return super()._apply(fn, *args, **kwargs)
+        finally:
+            self._buffers["scales"] = scales.to(moved.device)
 
     def __getstate__(self):  # copy/pickle: the prepared launch is per process, made again on use
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
