@@ -345,6 +345,7 @@ class GemvWeights:
             _check_perm(perm, self.shape.K, True)
         self.w, self.scales, self.zeros, self.perm = w, scales, zeros, perm
         self.device_index = infos[1].device[1]
+        self.w_ptr = infos[1].ptr  # the weights' address the packed arguments hold
         self.device = backends.device(self.device_index)
         self.N, self.K = self.shape.N, self.shape.K
         self._stream_of = torch_stream_getter()

@@ -37,16 +37,14 @@ def _unpack_dequantize(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[to
 
 
 # -- the custom op ----------------------------------------------------------------------
-_layers: dict[tuple, GemvWeights] = {}
-
-
 def _layer_for(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor]) -> GemvWeights:
-    """The prepared layer of these weight tensors (by storage), made once."""
-    key = (w.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(), tuple(w.shape),
-           tuple(scales.shape), w.device.index)
-    layer = _layers.get(key)
-    if layer is None:
-        layer = _layers[key] = GemvWeights(w, scales, zeros)
+    """The prepared layer of these weight tensors, made once and kept on w itself, so that it
+    lives as long as the weights do (a module-level table would keep every model's weights
+    alive after the model is gone); made again if w was given new storage or other scales."""
+    layer = getattr(w, "_int4jit_layer", None)
+    if layer is None or layer.scales is not scales or layer.zeros is not zeros or layer.w_ptr != w.data_ptr():
+        layer = GemvWeights(w, scales, zeros)
+        w._int4jit_layer = layer
     return layer
 
 

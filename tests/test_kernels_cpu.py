@@ -123,10 +123,10 @@ VARIANTS = (variants(GemvShape(300, 2048, 128, False), (128, 4))
             + variants(GemvShape(200, 1024, 32, True), (64, 2))
             + variants(GemvShape(300, 2048, 128, False, 4, "bfloat16", "bfloat16"), (128, 4)))
 
+GROUPS = {"simt": SIMT, "amd-grid": AMD_GRID, "tc": TC, "tc_batch": TC_BATCH, "tokens": TOKENS, "variant": VARIANTS}
 DEQUANT = [make_dequant_spec(GemvShape(100, 512, 32, False), "sm_90"),
            make_dequant_spec(GemvShape(70, 4096, 128, True, scale_dtype="bfloat16"), "gfx90a", "bfloat16")]
 
-ALL = SIMT + AMD_GRID + TC + TC_BATCH + TOKENS + VARIANTS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -136,7 +136,7 @@ def compiled():
         if os.environ.get("CI"):
             pytest.fail("no C++ compiler in CI: scripts/test.sh installs g++")
         pytest.skip("no C++ compiler (g++ or clang++) on PATH")
-    specs = [s for s in ALL + DEQUANT if emu.can_emulate(s) is None]
+    specs = [s for group in GROUPS.values() for s in group if emu.can_emulate(s) is None] + DEQUANT
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         list(pool.map(emu.build, specs))
 
@@ -145,33 +145,8 @@ def _id(s):
     return f"{s.arch}-{s.kernel}-{s.shape.key()}-{s.label()}"
 
 
-@pytest.mark.parametrize("spec", SIMT, ids=_id)
-def test_simt_kernel(spec):
-    check(spec)
-
-
-@pytest.mark.parametrize("spec", AMD_GRID, ids=_id)
-def test_amd_grid_point(spec):
-    check(spec)
-
-
-@pytest.mark.parametrize("spec", TC, ids=_id)
-def test_tensor_core_kernel(spec):
-    check(spec)
-
-
-@pytest.mark.parametrize("spec", TC_BATCH, ids=_id)
-def test_tensor_core_batch_kernel(spec):
-    check(spec)
-
-
-@pytest.mark.parametrize("spec", TOKENS, ids=_id)
-def test_every_token_count(spec):
-    check(spec)
-
-
-@pytest.mark.parametrize("spec", VARIANTS, ids=_id)
-def test_tensor_core_kernel_every_variant(spec):
+@pytest.mark.parametrize("spec", [pytest.param(s, id=f"{group}-{_id(s)}") for group, specs in GROUPS.items() for s in specs])
+def test_kernel_against_reference(spec):
     check(spec)
 
 
@@ -180,9 +155,8 @@ def test_dequantise_kernel(spec):
     s = spec.shape
     rng = np.random.default_rng(3)
     _, w, scales, zeros = random_problem(rng, s.N, s.K, s.group, s.symmetric)
-    s_kernel, s_ref = (bf16_bits(scales.astype(np.float32)), None) if s.scale_dtype == "bfloat16" else (scales, scales)
-    if s_ref is None:
-        s_ref = bf16_values(s_kernel)
+    s_kernel = bf16_bits(scales.astype(np.float32)) if s.scale_dtype == "bfloat16" else scales
+    s_ref = bf16_values(s_kernel) if s.scale_dtype == "bfloat16" else scales
     out = np.full((s.N, s.K), 0x7E00, dtype=np.uint16)
     emu.run(spec, np.zeros(s.K, np.float16), w, s_kernel, zeros, out)
     W = bf16_values(out) if spec.param("OUT_BF16") == "true" else out.view(np.float16).astype(np.float32)

@@ -228,3 +228,31 @@ def test_model_dtype_conversions_keep_the_quantised_scales():
     x = torch.randn(2, 256, dtype=torch.float64)
     W = int4jit.dequantize(q.w.numpy(), scales.numpy(), q.zeros.numpy()).astype(np.float64)
     assert np.allclose(q(x).numpy(), x.numpy() @ W.T + q.bias.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_the_custom_ops_prepared_layers_live_as_long_as_their_weights(monkeypatch):
+    """torch.ops.int4jit.gemv prepares one layer per weight set and keeps it on the weight tensor:
+    the same layer while the same tensors come back, a new one for other scales or after w got
+    new storage, and none left once the weights are gone (a table would keep every compiled
+    model's weights alive). GemvWeights is stubbed (it needs a GPU)."""
+    import gc
+    import weakref
+    import int4jit.torch as i4t
+    made = []
+
+    class Layer:
+        def __init__(self, w, scales, zeros):
+            self.w, self.scales, self.zeros, self.w_ptr = w, scales, zeros, w.data_ptr()
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(i4t, "GemvWeights", Layer)
+    w, s, z = torch.zeros(64, 128, dtype=torch.uint8), torch.ones(64, 2, dtype=torch.float16), None
+    a = i4t._layer_for(w, s, z)
+    assert i4t._layer_for(w, s, z) is a and len(made) == 1
+    assert i4t._layer_for(w, s.clone(), z) is not a and len(made) == 2
+    w.set_(torch.zeros(64, 128, dtype=torch.uint8))  # new storage, same object
+    b = i4t._layer_for(w, s, z)
+    assert b is not a and b.w_ptr == w.data_ptr() and len(made) == 3
+    del w, a, b
+    gc.collect()
+    assert all(r() is None for r in made)
