@@ -21,6 +21,7 @@ from .api import GemvWeights, permutation_fault
 from .shapes import MAX_TOKENS
 from .reference import quantize
 from .trace import trace
+from .validate import validate
 
 log = logging.getLogger("int4jit")
 # The CPU path keeps the dequantised weight of a module up to this size (and dequantises once).
@@ -102,6 +103,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("perm", None if perm is None else as_t(perm).to(torch.int64))
         self.bias = None if bias is None else nn.Parameter(as_t(bias).detach().clone(), requires_grad=False)
         self.out_features, self.in_features = self.w.shape[0], 2 * self.w.shape[1]
+        if self.w.device.type != "meta":  # the layout gemv takes, checked now rather than at the first call
+            validate(torch.empty(self.in_features, dtype=torch.float16, device=self.w.device), self.w, self.scales,
+                     self.zeros, None)
         if self.perm is not None:  # checked once here: an index outside K faults the gather on a GPU
             fault = (permutation_fault(torch, self.perm) if tuple(self.perm.shape) == (self.in_features,)
                      else f"of shape ({self.in_features},); got {tuple(self.perm.shape)}")

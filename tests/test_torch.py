@@ -256,3 +256,20 @@ def test_the_custom_ops_prepared_layers_live_as_long_as_their_weights(monkeypatc
     del w, a, b
     gc.collect()
     assert all(r() is None for r in made)
+
+
+@pytest.mark.parametrize("bad,pattern", [
+    (dict(scales=torch.ones(64, 3, dtype=torch.float16)), r"scales must be of shape \[N, K/g\]"),
+    (dict(scales=torch.ones(64, 2, dtype=torch.float32)), r"scales must be float16 or bfloat16"),
+    (dict(w=torch.zeros(64, 128, dtype=torch.int8)), r"w must be uint8"),
+    (dict(zeros=torch.zeros(64, 4, dtype=torch.uint8)), r"zeros must be uint8 of the shape of scales"),
+    (dict(zeros=torch.full((64, 2), 16, dtype=torch.uint8)), r"zeros must be zero points 0..15"),
+])
+def test_a_layer_with_inconsistent_weights_is_refused_when_made(bad, pattern):
+    """Int4Linear(w, scales, zeros) checks the layout gemv takes when it is made, naming the
+    tensor, instead of failing at its first call."""
+    args = dict(w=torch.zeros(64, 128, dtype=torch.uint8), scales=torch.ones(64, 2, dtype=torch.float16),
+                zeros=torch.zeros(64, 2, dtype=torch.uint8))
+    Int4Linear(**args)
+    with pytest.raises((TypeError, ValueError), match=pattern):
+        Int4Linear(**{**args, **bad})
