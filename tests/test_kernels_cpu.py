@@ -1,4 +1,4 @@
-"""The kernel templates run on the CPU (tests/kernel_emulator.py) against the float64 reference:
+"""The kernel templates run on the CPU (int4jit/emulate.py) against the float64 reference:
 every kernel, fp16 and bf16, 1..16 tokens, the groups, ragged N and K, the variant fields, and
 the AMD targets' wave sizes (64 on gfx90a and gfx900, 32 on gfx1030) and dot-product forms, none
 of which a GPU of this project runs. Outputs are poisoned (NaN) before each launch. The vendor
@@ -12,9 +12,9 @@ import pytest
 import int4jit
 from int4jit import spec as spec_mod
 from int4jit.shapes import GemvShape, LaunchConfig, candidate_grid
+from int4jit import emulate as emu
 from int4jit.spec import Variant, make_dequant_spec, make_spec
 
-import kernel_emulator as emu
 from conftest import few_outputs_floor, random_problem, rel_error
 
 TOL = {"float16": 2e-3, "bfloat16": 5e-3}
@@ -53,7 +53,7 @@ def problem(spec, seed):
 
 
 def check(spec, seed=0):
-    reason = emu.can_emulate(spec)
+    reason = emu.why_not(spec)
     if reason:
         pytest.skip(reason)
     x_words, x_ref, w, scales, s_ref, zeros = problem(spec, seed)
@@ -136,7 +136,7 @@ def compiled():
         if os.environ.get("CI"):
             pytest.fail("no C++ compiler in CI: scripts/test.sh installs g++")
         pytest.skip("no C++ compiler (g++ or clang++) on PATH")
-    specs = [s for group in GROUPS.values() for s in group if emu.can_emulate(s) is None] + DEQUANT
+    specs = [s for group in GROUPS.values() for s in group if emu.why_not(s) is None] + DEQUANT
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         list(pool.map(emu.build, specs))
 
@@ -188,3 +188,23 @@ def test_a_wrong_kernel_fails(monkeypatch, what):
     monkeypatch.setattr(emu, "read_template", lambda n: text.replace(old, new) if n == name else spec_mod.read_template(n))
     with pytest.raises(AssertionError, match=r"\d\.\d+e[-+]\d+|inf"):
         check(spec)
+
+
+def test_a_few_blocks_of_a_grid():
+    """run(blocks=[...]) runs only those blocks: their rows (rows_of_block) are right, every
+    other row keeps its poison; blocks outside the grid and clusters are refused."""
+    spec = case("gfx90a", "simt", 300, 1024, 128, cfg=(64, 4))
+    x_words, x_ref, w, scales, s_ref, zeros = problem(spec, 5)
+    out = np.full(spec.shape.N, np.nan, np.float16)
+    last = spec.grid - 1
+    emu.run(spec, x_words, w, scales, zeros, out, blocks=[0, last])
+    rows = list(emu.rows_of_block(spec, 0)) + list(emu.rows_of_block(spec, last))
+    assert len(rows) < spec.shape.N and rows[-1] == spec.shape.N - 1
+    ref = int4jit.reference_gemv(x_ref, w, s_ref, zeros)
+    assert rel_error(out[rows], ref[rows]) <= TOL["float16"]
+    assert np.isnan(np.delete(out, rows)).all()
+    with pytest.raises(ValueError, match=f"blocks must lie in 0..{last}"):
+        emu.run(spec, x_words, w, scales, zeros, out, blocks=[last + 1])
+    cluster = make_spec(GemvShape(300, 2048, 32, False), "sm_90", "tc", LaunchConfig(128, 4), Variant(kcluster=2))
+    with pytest.raises(NotImplementedError, match="thread block clusters are not emulated"):
+        emu.run(cluster, x_words, w, scales, zeros, out)

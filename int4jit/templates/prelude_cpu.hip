@@ -1,6 +1,6 @@
 // CPU prelude: the API of prelude_cuda.hip / prelude_hip.hip in plain C++20, so a kernel template
-// runs on the CPU (tests/kernel_emulator.py): one OS thread a GPU thread, the blocks one after
-// the other, warp-wide steps (shuffles, mma) meeting at a barrier of the warp's threads.
+// runs on the CPU (int4jit/emulate.py): one OS thread a GPU thread, the blocks one after the
+// other, warp-wide steps (shuffles, mma) meeting at a barrier of the warp's threads.
 // Vendor semantics kept: fp16/bf16 pair math rounds to nearest even once (computed in double),
 // mma sums exact products in double and rounds once to fp32, I4_WARP is the target's wave size.
 #include <algorithm>
@@ -58,8 +58,8 @@ inline Block block;
 inline std::barrier<>& warp_barrier() { return *block.warps[threadIdx.x / I4_WARP]; }
 inline std::array<u32, 8>& slot(int lane) { return block.slots[threadIdx.x / I4_WARP * I4_WARP + lane]; }
 
-// Run `kernel` as a grid of `grid` blocks of `bs` threads.
-inline void run(int grid, int bs, const std::function<void()>& kernel) {
+// Run blocks[0..count) of a grid of `grid` blocks of `bs` threads.
+inline void run(int grid, int bs, const int* blocks, int count, const std::function<void()>& kernel) {
     block.bs = bs;
     block.slots.assign((bs + I4_WARP - 1) / I4_WARP * I4_WARP, {});
     block.reset();
@@ -71,8 +71,8 @@ inline void run(int grid, int bs, const std::function<void()>& kernel) {
     for (int t = 0; t < bs; ++t)
         threads.emplace_back([&, t] {
             threadIdx.x = t;
-            for (int b = 0; b < grid; ++b) {
-                blockIdx.x = b;
+            for (int i = 0; i < count; ++i) {
+                blockIdx.x = blocks[i];
                 kernel();
                 warp_barrier().arrive_and_drop();
                 block.all->arrive_and_drop();

@@ -1,0 +1,114 @@
+"""Run a kernel spec on the CPU: its template rendered with the spec's parameters and the
+target's traits (wave size, dot2), over templates/prelude_cpu.hip instead of the vendor prelude,
+built by the host's C++ compiler (g++ or clang++, $CXX first) into a shared library in a private
+temp dir, and launched through ctypes.
+
+What this checks without a GPU: the kernel bodies' indexing, work split, reductions and
+arithmetic for any spec, the AMD targets' wave sizes and dot-product forms included. What it
+does not: the vendor preludes (inline PTX, hiprtc builtins), timing, memory ordering between
+blocks (they run one after the other) and thread block clusters (kcluster > 1). `int4jit` on a
+machine without a GPU uses it to check a few blocks of each kernel it compiles; the CPU tests
+(tests/test_kernels_cpu.py) run whole grids."""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import os
+import shutil
+import string
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from . import compiler
+from .spec import TEMPLATES, KernelSpec, read_template
+
+CXX_FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w")
+_libs: dict[str, ctypes.CDLL] = {}
+_lock = threading.Lock()
+_dir: Path | None = None
+
+
+def compiler_path() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+
+
+def why_not(spec: KernelSpec) -> str | None:
+    """Why `spec` cannot run here (None: it can)."""
+    if compiler_path() is None:
+        return "no C++ compiler (g++ or clang++) on PATH"
+    if spec.kernel == "tc" and spec.variant.kcluster > 1:
+        return "thread block clusters are not emulated"
+    return None
+
+
+def source(spec: KernelSpec) -> str:
+    """The CPU prelude, the spec's template and an extern "C" launcher, as one C++ source."""
+    params = compiler.template_params(spec)
+    prelude = string.Template((TEMPLATES / "prelude_cpu.hip").read_text()).substitute(params)
+    body = string.Template(read_template(spec.template)).substitute(params)
+    launch = (f'extern "C" void i4emu_launch(const void* x, const void* w, const void* s, const void* z, void* y,\n'
+              f'                             const int* blocks, int count) {{\n'
+              f'    i4emu::run({spec.grid}, {spec.block}, blocks, count, [&] {{ {spec.name}((const u16*)x, (const u8*)w, '
+              f'(const u16*)s, (const u8*)z, (u16*)y); }});\n}}\n')
+    return f"{prelude}\n{body}\n{launch}"
+
+
+def _private_dir() -> Path:
+    global _dir
+    if _dir is None:
+        _dir = Path(tempfile.mkdtemp(prefix="int4jit-emulator-"))  # 0700, this process's own
+        atexit.register(shutil.rmtree, _dir, True)
+    return _dir
+
+
+def build(spec: KernelSpec) -> ctypes.CDLL:
+    """The spec's kernel as a CPU library, built once per source in this process. RuntimeError
+    with the compiler's output when it fails."""
+    src = source(spec)
+    key = hashlib.sha256(src.encode()).hexdigest()[:32]
+    lib = _libs.get(key)
+    if lib is not None:
+        return lib
+    with _lock:
+        folder = _private_dir()
+    cpp, so = folder / f"{key}.cpp", folder / f"{key}.so"
+    cpp.write_text(src)
+    done = subprocess.run([compiler_path(), *CXX_FLAGS, "-o", str(so), str(cpp)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"emulating {spec.kernel} {spec.label()} for {spec.shape.key()} on {spec.arch}: the C++ "
+                           f"compiler failed:\n{done.stderr[-4000:]}")
+    lib = ctypes.CDLL(str(so))
+    lib.i4emu_launch.restype = None
+    lib.i4emu_launch.argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    with _lock:
+        return _libs.setdefault(key, lib)
+
+
+def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zeros, out: np.ndarray,
+        blocks=None) -> np.ndarray:
+    """Launch the spec on host arrays (x, scales and out as 16-bit words: float16, or bfloat16
+    bits in uint16): the whole grid, or only `blocks` (indices). `out` is written in place."""
+    reason = why_not(spec)
+    if reason:
+        raise NotImplementedError(f"{spec.kernel} {spec.label()} on {spec.arch} cannot be emulated: {reason}")
+    arrays = [np.ascontiguousarray(a) for a in (x, w, scales)]
+    z = None if zeros is None else np.ascontiguousarray(zeros)
+    if not out.flags.c_contiguous or out.dtype.itemsize != 2:
+        raise ValueError(f"out must be a contiguous array of 16-bit words; got {out.dtype} {out.shape}")
+    ids = np.arange(spec.grid, dtype=np.int32) if blocks is None else np.asarray(blocks, dtype=np.int32)
+    if ids.size and (ids.min() < 0 or ids.max() >= spec.grid):
+        raise ValueError(f"blocks must lie in 0..{spec.grid - 1}; got {ids.min()}..{ids.max()}")
+    build(spec).i4emu_launch(*(a.ctypes.data for a in arrays), None if z is None else z.ctypes.data, out.ctypes.data,
+                             ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), int(ids.size))
+    return out
+
+
+def rows_of_block(spec: KernelSpec, block: int) -> range:
+    """The output rows block `block` of the spec's grid writes (every kernel but dequant)."""
+    first = (block // spec.variant.kcluster if spec.kernel == "tc" else block) * spec.rows_per_block
+    return range(first, min(first + spec.rows_per_block, spec.shape.N))
