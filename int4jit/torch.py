@@ -115,7 +115,7 @@ class Int4Linear(nn.Module):
         self._layer: Optional[GemvWeights] = None
         self._dense: Optional[torch.Tensor] = None
         self._warned = False
-        self._kernel_ok = True
+        self._no_kernel: set = set()  # (dtype, tokens) no kernel serves on this layer's target
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, symmetric: bool = False) -> "Int4Linear":
@@ -160,23 +160,29 @@ class Int4Linear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layer = self._layer
+        layer, buffers = self._layer, self._buffers
         # The eager decode call, kept lean (each tensor attribute costs ~0.1 us, a reshape ~1.4, a
-        # buffer read as self.w ~0.9: self._buffers is read instead): one fp16 token, contiguous,
-        # on the layer's GPU, weights not moved since prepared; GemvWeights writes y [..., N].
-        buffers = self._buffers
-        if layer is not None and x.dtype is torch.float16 and x.numel() == self.in_features \
-                and x.get_device() == layer.device_index and layer.w is buffers["w"] and buffers["perm"] is None \
-                and x.is_contiguous() and not x.requires_grad and not torch.compiler.is_compiling():
-            y = layer.launch_checked(x, 1)
-            return y if self.bias is None else y.add_(self.bias)  # in y's dtype, whatever the bias's
+        # buffer read as self.w ~0.9: self._buffers is read instead): 1..16 tokens in fp16 or bf16,
+        # contiguous, on the layer's GPU, no gradient wanted, the weights not moved since prepared.
+        if layer is not None and layer.w is buffers["w"] and buffers["perm"] is None:
+            dt = x.dtype
+            if (dt is torch.float16 or dt is torch.bfloat16) and x.shape[-1] == self.in_features \
+                    and x.get_device() == layer.device_index and x.is_contiguous() and not x.requires_grad \
+                    and not torch.compiler.is_compiling():
+                tokens = x.numel() // self.in_features
+                if 1 <= tokens <= MAX_TOKENS and (dt, tokens) not in self._no_kernel:
+                    try:
+                        y = layer.launch_checked(x, tokens)
+                    except NotImplementedError as e:
+                        return self._kernel_unavailable(x, e)
+                    return y if self.bias is None else y.add_(self.bias)  # in y's dtype, whatever the bias's
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         tokens = x.numel() // self.in_features
         if x.is_cuda and 1 <= tokens <= MAX_TOKENS and x.dtype in (torch.float16, torch.bfloat16) \
-                and self._kernel_ok:
+                and (x.dtype, tokens) not in self._no_kernel:
             x = x if x.is_contiguous() else x.contiguous()
             if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
                 # the custom op: traced as one node, and differentiable in x (its backward)
@@ -184,12 +190,17 @@ class Int4Linear(nn.Module):
             else:
                 try:
                     y = self._prepared()(x)
-                except NotImplementedError as e:  # e.g. several tokens or bf16 on a target without tc_batch
-                    self._kernel_ok = False
-                    log.warning("int4jit: Int4Linear %dx%d falls back to dequantise + matmul: %s",
-                                self.out_features, self.in_features, e)
-                    return self._fallback(x)
+                except NotImplementedError as e:
+                    return self._kernel_unavailable(x, e)
             return y if self.bias is None else y + self.bias.to(y.dtype)
+        return self._fallback(x)
+
+    def _kernel_unavailable(self, x: torch.Tensor, e: NotImplementedError) -> torch.Tensor:
+        """No int4jit kernel serves calls of this dtype and token count here (e.g. several tokens
+        or bf16 on a target without tensor-core kernels): said, then dequantise + matmul for them."""
+        self._no_kernel.add((x.dtype, x.numel() // self.in_features))
+        log.warning("int4jit: Int4Linear %dx%d falls back to dequantise + matmul: %s", self.out_features,
+                    self.in_features, e)
         return self._fallback(x)
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:

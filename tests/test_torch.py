@@ -144,11 +144,13 @@ def test_act_order_layer_permutes_x_on_the_cpu():
         Int4Linear(w, s, z, perm=perm[:-1])
 
 
-def test_one_token_call_launches_with_the_prepared_layer_until_the_weights_move(monkeypatch):
-    """Int4Linear's eager one-token call (the decode path) goes straight to its prepared layer's
-    launch with x's and a new y's pointers, y shaped [..., N] like x; after the weights are
-    replaced (as .to() / .cuda() or an assignment does) it no longer launches that layer. The GPU
-    is stubbed: a layer prepared for 'device -1' (where a CPU tensor reports itself)."""
+def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monkeypatch):
+    """Int4Linear's eager call (the decode path: 1..16 tokens, fp16 or bf16) goes straight to its
+    prepared layer's launch with x's and a new y's pointers, y shaped [..., N] like x; a dtype and
+    token count no kernel serves there falls back (said once) while the others keep launching;
+    after the weights are replaced (as .to() / .cuda() or an assignment does) it no longer
+    launches that layer. The GPU is stubbed: a layer prepared for 'device -1' (where a CPU
+    tensor reports itself)."""
     import threading
     from int4jit import api
     from int4jit.backends._args import PackedArgs
@@ -156,23 +158,33 @@ def test_one_token_call_launches_with_the_prepared_layer_until_the_weights_move(
     N, K = 64, 256
     mod = Int4Linear.from_linear(torch.nn.Linear(K, N, bias=False), group_size=128)
     launched = []
+
+    def kernel_for(dev, shape, config, stream, fixed_weights=False):
+        if shape.M == 5:
+            raise NotImplementedError("no kernel for 5 tokens here")
+        return type("K", (), {"launch_packed": staticmethod(lambda args, s: launched.append((list(args.values), s, shape)))})()
+
     layer = object.__new__(int4jit.GemvWeights)
     layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, 128, False), w=mod.w, scales=mod.scales, zeros=mod.zeros,
                           perm=None, device_index=-1, device=None, N=N, K=K, _stream_of=lambda i: 0x50,
                           _args=PackedArgs([0, 1, 2, 3, 0]), _launches={}, _out_shapes={}, _lock=threading.Lock())
     layer._values = layer._args.values
-    monkeypatch.setattr(api, "kernel_for", lambda dev, shape, config, stream, fixed_weights=False: type(
-        "K", (), {"launch_packed": staticmethod(lambda args, s: launched.append((list(args.values), s, shape)))})())
+    monkeypatch.setattr(api, "kernel_for", kernel_for)
     mod._layer = layer
-    for x in (torch.randn(1, 1, K).half(), torch.randn(K).half()):
+    for x in (torch.randn(1, 1, K).half(), torch.randn(K).half(), torch.randn(1, 3, K).to(torch.bfloat16)):
         y = mod(x)
-        assert y.shape == x.shape[:-1] + (N,) and y.dtype == torch.float16
+        assert y.shape == x.shape[:-1] + (N,) and y.dtype == x.dtype
         values, stream, shape = launched[-1]
-        assert values == [x.data_ptr(), 1, 2, 3, y.data_ptr()] and stream == 0x50 and (shape.M, shape.dtype) == (1, "float16")
-    assert len(launched) == 2
+        assert values == [x.data_ptr(), 1, 2, 3, y.data_ptr()] and stream == 0x50
+        assert (shape.M, shape.dtype) == (x.numel() // K, str(x.dtype).removeprefix("torch."))
+    assert len(launched) == 3
+    y = mod(torch.randn(5, K).half())  # no kernel here: dequantise + matmul, and remembered
+    assert y.shape == (5, N) and mod._no_kernel == {(torch.float16, 5)} and len(launched) == 3
+    mod(torch.randn(K).half())
+    assert len(launched) == 4  # the other calls still launch
     mod.w = mod.w.clone()  # the weights moved: the prepared layer holds the old buffer
     y = mod(torch.randn(K).half())  # on the CPU that is the dequantising fallback
-    assert len(launched) == 2 and y.shape == (N,)
+    assert len(launched) == 4 and y.shape == (N,)
 
 
 def test_gradients_flow_to_x_through_every_path():
