@@ -3,8 +3,8 @@ int4jit's torch entry points against torch's own, at one shape (default 4096x409
 
   gemv, same x and out= tensor objects every call   (the per-call fast path)
   gemv, a new x and a new out every call             (as a model makes it; the allocation is
-                                                      timed on its own and listed)
-  Int4Linear forward, same x / a new x every call
+                                                      timed on its own and listed), a new x and no out
+  Int4Linear forward, same x / a new x every call (fp16; bf16; 4 tokens)
   torch tinygemm (_weight_int4pack_mm, bf16), same x / a new x every call
   F.linear fp16 (GPU-bound at this size: the weights are 4x the bytes)
 
@@ -70,10 +70,14 @@ def main():
     measure("int4jit.gemv, same x and out=", lambda: int4jit.gemv(x, w, s, z, out=out))
     measure("int4jit.gemv, new x and new out", lambda: int4jit.gemv(torch.empty_like(x), w, s, z,
                                                                   out=torch.empty_like(out)))
+    measure("int4jit.gemv, new x, no out", lambda: int4jit.gemv(torch.empty_like(x), w, s, z))
     lin = i4t.Int4Linear(w, s, z)
     x2 = x.reshape(1, K)
     measure("Int4Linear forward, same x", lambda: lin(x2))
     measure("Int4Linear forward, new x", lambda: lin(torch.empty_like(x2)))
+    x2b, x4 = x2.to(torch.bfloat16), torch.randn(4, K, dtype=torch.float16, device="cuda")
+    measure("Int4Linear forward, new x, bf16", lambda: lin(torch.empty_like(x2b)))
+    measure("Int4Linear forward, new x, 4 tokens", lambda: lin(torch.empty_like(x4)))
     try:
         sz = torch.randn(K // G, N, 2, device="cuda", dtype=torch.bfloat16) * 0.01
         wp, sz = tinygemm_pack(w, sz)
