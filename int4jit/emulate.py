@@ -32,6 +32,7 @@ CXX_FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w")
 STD_HEADER = "i4emu_std.h"  # the prelude's standard headers, precompiled once a process (_private_dir)
 _libs: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
+_run_lock = threading.Lock()
 _dir: Path | None = None
 
 
@@ -120,8 +121,10 @@ def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zero
     ids = np.arange(spec.grid, dtype=np.int32) if blocks is None else np.asarray(blocks, dtype=np.int32)
     if ids.size and (ids.min() < 0 or ids.max() >= spec.grid):
         raise ValueError(f"blocks must lie in 0..{spec.grid - 1}; got {ids.min()}..{ids.max()}")
-    build(spec).i4emu_launch(*(a.ctypes.data for a in arrays), None if z is None else z.ctypes.data, out.ctypes.data,
-                             ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), int(ids.size))
+    lib = build(spec)
+    with _run_lock:  # a library's emulated block state (its barriers, shared memory) serves one launch at a time
+        lib.i4emu_launch(*(a.ctypes.data for a in arrays), None if z is None else z.ctypes.data, out.ctypes.data,
+                         ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), int(ids.size))
     return out
 
 
