@@ -6,7 +6,7 @@ temp dir, and launched through ctypes.
 What this checks without a GPU: the kernel bodies' indexing, work split, reductions and
 arithmetic for any spec, the AMD targets' wave sizes and dot-product forms included. What it
 does not: the vendor preludes (inline PTX, hiprtc builtins), timing, memory ordering between
-blocks (they run one after the other) and thread block clusters (kcluster > 1). `int4jit` on a
+blocks (they run one after the other; a cluster's blocks together). `int4jit` on a
 machine without a GPU uses it to check a few blocks of each kernel it compiles; the CPU tests
 (tests/test_kernels_cpu.py) run whole grids."""
 from __future__ import annotations
@@ -44,22 +44,32 @@ def why_not(spec: KernelSpec) -> str | None:
     """Why `spec` cannot run here (None: it can)."""
     if compiler_path() is None:
         return "no C++ compiler (g++ or clang++) on PATH"
-    if spec.kernel == "tc" and spec.variant.kcluster > 1:
-        return "thread block clusters are not emulated"
     return None
 
 
+def cluster_size(spec: KernelSpec) -> int:
+    return spec.variant.kcluster if spec.kernel == "tc" else 1
+
+
 def source(spec: KernelSpec) -> str:
-    """The CPU prelude, the spec's template and an extern "C" launcher, as one C++ source (its
-    standard headers first, in the lines build() precompiles)."""
+    """The CPU prelude, then the spec's template once for each block of a cluster (in its own
+    namespace, its shared memory in its own section), then an extern "C" launcher, as one C++
+    source (the prelude's standard headers first: build() precompiles them)."""
     params = compiler.template_params(spec)
     prelude = string.Template((TEMPLATES / "prelude_cpu.hip").read_text()).substitute(params)
-    body = string.Template(read_template(spec.template)).substitute(params)
-    launch = (f'extern "C" void i4emu_launch(const void* x, const void* w, const void* s, const void* z, void* y,\n'
-              f'                             const int* blocks, int count) {{\n'
-              f'    i4emu::run({spec.grid}, {spec.block}, blocks, count, [&] {{ {spec.name}((const u16*)x, (const u8*)w, '
-              f'(const u16*)s, (const u8*)z, (u16*)y); }});\n}}\n')
-    return f"{prelude}\n{body}\n{launch}"
+    body = string.Template(read_template(spec.template)).substitute(params).replace('extern "C" ', "")
+    kc = cluster_size(spec)
+    copies = "".join(f'#define I4_SMEM_SECTION "i4smem{r}"\nnamespace i4blk{r} {{\n{body}\n}}\n#undef I4_SMEM_SECTION\n'
+                     for r in range(kc))
+    args = "(const u16*)x, (const u8*)w, (const u16*)s, (const u8*)z, (u16*)y"
+    launch = "".join(f"extern char __start_i4smem{r}[] __attribute__((weak));\n" for r in range(kc))
+    launch += (f'extern "C" void i4emu_launch(const void* x, const void* w, const void* s, const void* z, void* y,\n'
+               f'                             const int* clusters, int count) {{\n'
+               + "".join(f"    i4emu::smem[{r}] = __start_i4smem{r};\n" for r in range(kc))
+               + f"    i4emu::run({spec.grid}, {spec.block}, {kc}, clusters, count, [&](int rank) {{\n"
+               + "".join(f"        if (rank == {r}) i4blk{r}::{spec.name}({args});\n" for r in range(kc))
+               + "    });\n}\n")
+    return f"{prelude}\n{copies}\n{launch}"
 
 
 def _private_dir() -> Path:
@@ -110,7 +120,8 @@ def build(spec: KernelSpec) -> ctypes.CDLL:
 def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zeros, out: np.ndarray,
         blocks=None) -> np.ndarray:
     """Launch the spec on host arrays (x, scales and out as 16-bit words: float16, or bfloat16
-    bits in uint16): the whole grid, or only `blocks` (indices). `out` is written in place."""
+    bits in uint16): the whole grid, or only `blocks` (indices; with their clusters' other
+    blocks). `out` is written in place."""
     reason = why_not(spec)
     if reason:
         raise NotImplementedError(f"{spec.kernel} {spec.label()} on {spec.arch} cannot be emulated: {reason}")
@@ -121,6 +132,7 @@ def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zero
     ids = np.arange(spec.grid, dtype=np.int32) if blocks is None else np.asarray(blocks, dtype=np.int32)
     if ids.size and (ids.min() < 0 or ids.max() >= spec.grid):
         raise ValueError(f"blocks must lie in 0..{spec.grid - 1}; got {ids.min()}..{ids.max()}")
+    ids = np.unique(ids // cluster_size(spec)).astype(np.int32)  # a block runs with its whole cluster
     lib = build(spec)
     with _run_lock:  # a library's emulated block state (its barriers, shared memory) serves one launch at a time
         lib.i4emu_launch(*(a.ctypes.data for a in arrays), None if z is None else z.ctypes.data, out.ctypes.data,

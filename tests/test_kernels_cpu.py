@@ -1,8 +1,8 @@
 """The kernel templates run on the CPU (int4jit/emulate.py) against the float64 reference:
 every kernel, fp16 and bf16, 1..16 tokens, the groups, ragged N and K, the variant fields, and
 the AMD targets' wave sizes (64 on gfx90a and gfx900, 32 on gfx1030) and dot-product forms, none
-of which a GPU of this project runs. Outputs are poisoned (NaN) before each launch. The vendor
-preludes, timing and clusters are the GPU tests' (tests/test_gemv_gpu.py)."""
+of which a GPU of this project runs, and thread block clusters. Outputs are poisoned (NaN) before
+each launch. The vendor preludes and timing are the GPU tests' (tests/test_gemv_gpu.py)."""
 from concurrent.futures import ThreadPoolExecutor
 import os
 
@@ -177,6 +177,9 @@ MUTATIONS = {  # one wrong line each, and a spec whose result depends on it
                       case("sm_90", "tc", 300, 1024, 32, cfg=(64, 2))),
     "group of a lane": ("gemv_tc.hip", "const int fold_chunk = DIAG ? 2 * (t & 1) : t;",
                         "const int fold_chunk = DIAG ? 2 * (t & 1) : 0;", case("sm_90", "tc", 300, 1024, 32, M=3, cfg=(128, 2))),
+    "cluster sum": ("gemv_tc.hip", "for (int c = 0; c < KC; ++c) sum += cluster_part[c][i];",
+                    "for (int c = 0; c < 1; ++c) sum += cluster_part[c][i];",
+                    make_spec(GemvShape(300, 2048, 32, False), "sm_90", "tc", LaunchConfig(128, 4), Variant(kcluster=2))),
     "mma column block": ("gemv_tc_batch.hip", "NT = (M + 7) / 8;", "NT = 1;", case("sm_90", "tc_batch", 300, 2048, 128, M=9, cfg=(128, 4))),
 }
 
@@ -196,7 +199,7 @@ def test_a_wrong_kernel_fails(monkeypatch, what):
 
 def test_a_few_blocks_of_a_grid():
     """run(blocks=[...]) runs only those blocks: their rows (rows_of_block) are right, every
-    other row keeps its poison; blocks outside the grid and clusters are refused."""
+    other row keeps its poison; blocks outside the grid are refused."""
     spec = case("gfx90a", "simt", 300, 1024, 128, cfg=(64, 4))
     x_words, x_ref, w, scales, s_ref, zeros = problem(spec, 5)
     out = np.full(spec.shape.N, np.nan, np.float16)
@@ -209,15 +212,20 @@ def test_a_few_blocks_of_a_grid():
     assert np.isnan(np.delete(out, rows)).all()
     with pytest.raises(ValueError, match=f"blocks must lie in 0..{last}"):
         emu.run(spec, x_words, w, scales, zeros, out, blocks=[last + 1])
+    # a block of a cluster runs with the cluster's other blocks, whose sums it needs
     cluster = make_spec(GemvShape(300, 2048, 32, False), "sm_90", "tc", LaunchConfig(128, 4), Variant(kcluster=2))
-    with pytest.raises(NotImplementedError, match="thread block clusters are not emulated"):
-        emu.run(cluster, x_words, w, scales, zeros, out)
+    x_words, x_ref, w, scales, s_ref, zeros = problem(cluster, 6)
+    out = np.full(300, np.nan, np.float16)
+    emu.run(cluster, x_words, w, scales, zeros, out, blocks=[1])
+    rows = list(emu.rows_of_block(cluster, 1))
+    assert rows == list(range(32)) and np.isnan(out[32:]).all()
+    assert rel_error(out[rows], int4jit.reference_gemv(x_ref, w, s_ref, zeros)[rows]) <= TOL["float16"]
 
 
 @st.composite
 def any_spec(draw):
     """A spec of any kernel for any target, shape, group, token count, types, geometry and variant
-    the planner can make (clusters aside)."""
+    the planner can make."""
     arch = draw(st.sampled_from(["sm_90", "sm_80", "gfx90a", "gfx1030", "gfx900"]))
     group = draw(st.sampled_from([16, 32, 64, 128, 256]))
     K = group * draw(st.integers(1, 24))
@@ -230,6 +238,7 @@ def any_spec(draw):
     variant = None
     if kernel == "tc":
         variant = Variant(streaming=draw(st.booleans()), raw_a=draw(st.booleans()), one_wave=draw(st.booleans()),
+                          kcluster=draw(st.sampled_from([1, 2])),
                           loads=draw(st.sampled_from([4, 8])), prefetch=draw(st.sampled_from([0, 1, 2])),
                           early=draw(st.booleans()), xahead=draw(st.booleans()))
     elif kernel == "tc_batch":

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -24,7 +25,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __cluster_dims__(...)
-#define __shared__ static
+#define __shared__ static __attribute__((section(I4_SMEM_SECTION)))  // the block copy's own
 #define __constant__ static
 #define __align__(n) alignas(n)
 #define __CUDA_ARCH__ 900
@@ -47,35 +48,50 @@ struct Block {
     std::vector<std::unique_ptr<std::barrier<>>> warps;  // warp-wide steps
     std::vector<std::array<u32, 8>> slots;               // what each thread shows its warp
 
+    explicit Block(int threads) : bs(threads), slots((threads + I4_WARP - 1) / I4_WARP * I4_WARP) { reset(); }
     void reset() {  // full counts again (threads that returned early dropped out of the last block)
         all = std::make_unique<std::barrier<>>(bs);
         warps.clear();
         for (int w0 = 0; w0 < bs; w0 += I4_WARP) warps.push_back(std::make_unique<std::barrier<>>(std::min(I4_WARP, bs - w0)));
     }
 };
-inline Block block;
+// The blocks of one cluster (one block without clusters) run at once, a copy of the kernel each
+// (its own shared memory: the launcher's i4smem<rank> section, whose start is smem[rank]).
+inline std::vector<std::unique_ptr<Block>> blocks;
+inline thread_local Block* block = nullptr;
+inline thread_local int rank = 0;
+inline char* smem[16];
+inline std::unique_ptr<std::barrier<>> cluster;
+inline thread_local std::optional<std::barrier<>::arrival_token> cluster_arrival;
 
-inline std::barrier<>& warp_barrier() { return *block.warps[threadIdx.x / I4_WARP]; }
-inline std::array<u32, 8>& slot(int lane) { return block.slots[threadIdx.x / I4_WARP * I4_WARP + lane]; }
+inline std::barrier<>& warp_barrier() { return *block->warps[threadIdx.x / I4_WARP]; }
+inline std::array<u32, 8>& slot(int lane) { return block->slots[threadIdx.x / I4_WARP * I4_WARP + lane]; }
 
-// Run blocks[0..count) of a grid of `grid` blocks of `bs` threads.
-inline void run(int grid, int bs, const int* blocks, int count, const std::function<void()>& kernel) {
-    block.bs = bs;
-    block.slots.assign((bs + I4_WARP - 1) / I4_WARP * I4_WARP, {});
-    block.reset();
+// Run clusters ids[0..count) of a grid of `grid` blocks of `bs` threads, `kc` blocks a cluster;
+// kernel(rank) runs the kernel copy of the block of that rank.
+inline void run(int grid, int bs, int kc, const int* ids, int count, const std::function<void(int)>& kernel) {
+    blocks.clear();
+    for (int r = 0; r < kc; ++r) blocks.push_back(std::make_unique<Block>(bs));
+    cluster = std::make_unique<std::barrier<>>(kc * bs);
     gridDim.x = grid;
     blockDim.x = bs;
-    auto next_block = [&]() noexcept { block.reset(); };
-    std::barrier<decltype(next_block)> between(bs, next_block);
+    auto next_cluster = [&]() noexcept {
+        for (auto& b : blocks) b->reset();
+        cluster = std::make_unique<std::barrier<>>(kc * bs);
+    };
+    std::barrier<decltype(next_cluster)> between(kc * bs, next_cluster);
     std::vector<std::thread> threads;
-    for (int t = 0; t < bs; ++t)
+    for (int t = 0; t < kc * bs; ++t)
         threads.emplace_back([&, t] {
-            threadIdx.x = t;
+            rank = t / bs;
+            threadIdx.x = t % bs;
             for (int i = 0; i < count; ++i) {
-                blockIdx.x = blocks[i];
-                kernel();
+                block = blocks[rank].get();
+                blockIdx.x = ids[i] * kc + rank;
+                kernel(rank);
                 warp_barrier().arrive_and_drop();
-                block.all->arrive_and_drop();
+                block->all->arrive_and_drop();
+                cluster->arrive_and_drop();
                 between.arrive_and_wait();
             }
         });
@@ -83,7 +99,7 @@ inline void run(int grid, int bs, const int* blocks, int count, const std::funct
 }
 }  // namespace i4emu
 
-inline void __syncthreads() { i4emu::block.all->arrive_and_wait(); }
+inline void __syncthreads() { i4emu::block->all->arrive_and_wait(); }
 inline void __syncwarp() { i4emu::warp_barrier().arrive_and_wait(); }
 template <class A, class B> inline auto min(A a, B b) { return a < b ? a : b; }
 template <class A, class B> inline auto max(A a, B b) { return a < b ? b : a; }
@@ -200,11 +216,14 @@ inline void i4_mma(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, b
 inline void mma_16816(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { i4_mma(d, a0, a1, a2, a3, b0, b1, false); }
 inline void mma_16816_bf16(float d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) { i4_mma(d, a0, a1, a2, a3, b0, b1, true); }
 
-// Thread block clusters need the blocks of a cluster to run at once: not emulated.
-inline void cluster_store(float*, u32, float) { std::abort(); }
-inline void cluster_sync() { std::abort(); }
-inline void cluster_arrive_relaxed() { std::abort(); }
-inline void cluster_wait() { std::abort(); }
+// Thread block clusters: a store into block `rank`'s copy of the same shared variable (the same
+// offset in its section), and the barrier of every thread of the cluster, whole or in halves.
+inline void cluster_store(float* p, u32 rank, float v) {
+    std::memcpy((char*)p - i4emu::smem[i4emu::rank] + i4emu::smem[rank], &v, sizeof v);
+}
+inline void cluster_sync() { i4emu::cluster->arrive_and_wait(); }
+inline void cluster_arrive_relaxed() { i4emu::cluster_arrival.emplace(i4emu::cluster->arrive()); }
+inline void cluster_wait() { i4emu::cluster->wait(std::move(*i4emu::cluster_arrival)); }
 
 // -- the dot products of the simt kernel (both vendors' forms) ---------------------------------
 typedef float dot_acc_t;
