@@ -56,9 +56,6 @@ class Variant:
                where it measures nothing; an override may name it.
     xahead     several tokens: x of a warp's next step loaded while this one computes (H200, M=8
                g128, tuned: the pick at 16384x2048 bf16, 9.07 -> 8.53 us; not on 11 other tunes)
-    xshare     several tokens: a block's warps split rows instead of K and share each batch's x,
-               staged once in shared memory (a K-long row block read x as often as its weights);
-               with kcluster blocks splitting K. Not measured yet: reached by override only
     """
     streaming: bool = False
     raw_a: bool = False
@@ -68,7 +65,6 @@ class Variant:
     prefetch: int = 0
     early: bool = False
     xahead: bool = False
-    xshare: bool = False
 
     def text(self, base: "Variant | None" = None) -> str:
         """Only the fields that differ from `base` (the defaults): 'streaming=1,kcluster=2'."""
@@ -80,9 +76,9 @@ class Variant:
         return asdict(self)
 
 
-VARIANT_RANGES = {"streaming": (0, 1), "raw_a": (0, 1), "kcluster": (1, 2, 4, 8), "one_wave": (0, 1),
+VARIANT_RANGES = {"streaming": (0, 1), "raw_a": (0, 1), "kcluster": (1, 2), "one_wave": (0, 1),
                   "loads": (4, 8), "prefetch": (0, 1, 2), "early": (0, 1),
-                  "xahead": (0, 1), "xshare": (0, 1)}
+                  "xahead": (0, 1)}
 SIMT_VARIANT = Variant(prefetch=0)
 
 
@@ -275,11 +271,7 @@ def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Vari
     prefetch and early need PDL on sm_90; early streams; xahead needs several tokens)."""
     if v.raw_a and (not v.streaming or shape.M > 1):
         v = replace(v, raw_a=False)
-    if v.xshare and shape.M == 1:
-        v = replace(v, xshare=False)
-    if v.xshare:
-        v = replace(v, xahead=False, raw_a=False)
-    if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster or (shape.M > 1 and not v.xshare)):
+    if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster or shape.M > 1):
         v = replace(v, kcluster=1)
     if v.prefetch and (arch_number(arch) < 90 or not pdl):
         v = replace(v, prefetch=0)
@@ -333,20 +325,10 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
     tw = cfg.TN // 2
     steps = _ceil(shape.K, 128)
     kc = v.kcluster
-    if v.xshare:  # the warps split rows; x of a batch and block 0's cluster sums in shared memory
-        ksplit = cfg.BS // 32
-        rows_per_block = 16 * tw * ksplit
-        per_warp = _ceil(steps, kc)
-        unroll = max(1, min(v.loads // (2 * tw), per_warp))
-        smem = unroll * shape.M * 256 + (4 * kc * shape.M * rows_per_block if kc > 1 else 0)
-        if smem > STATIC_SMEM_LIMIT:
-            raise ValueError(f"xshare at ({cfg}) with kcluster={kc} and {shape.M} tokens needs {smem} bytes of shared "
-                             f"memory; at most {STATIC_SMEM_LIMIT}")
-    else:
-        rows_per_block = 16 * tw
-        ksplit = max(1, min(cfg.BS // 32, steps // kc, STATIC_SMEM_LIMIT // (4 * shape.M * rows_per_block)))
-        per_warp = _ceil(steps, ksplit * kc)
-        unroll = max(1, min(v.loads // (2 * tw), per_warp))
+    rows_per_block = 16 * tw
+    ksplit = max(1, min(cfg.BS // 32, steps // kc, STATIC_SMEM_LIMIT // (4 * shape.M * rows_per_block)))
+    per_warp = _ceil(steps, ksplit * kc)
+    unroll = max(1, min(v.loads // (2 * tw), per_warp))
     # x (one token) in shared memory where it fits the static limit beside the K-split partial sums.
     xsmem = v.streaming and shape.M == 1 and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
     grid = kc * _ceil(shape.N, rows_per_block)
@@ -355,7 +337,6 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
               ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", _cpp(shape.group < 128)),
               ("STREAMING", _cpp(v.streaming)), ("XSMEM", _cpp(xsmem)), ("RAW_A", _cpp(v.raw_a)),
               ("KCLUSTER", kc), ("PREFETCH", v.prefetch), ("EARLY", _cpp(v.early)), ("XAHEAD", _cpp(v.xahead)),
-              ("XSHARE", _cpp(v.xshare)),
               ("KERNEL_ATTRS", (f"__cluster_dims__({kc}, 1, 1) " if kc > 1 else "")
                + (f"__launch_bounds__({cfg.BS}, {min_blocks})" if min_blocks else f"__launch_bounds__({cfg.BS})")))
     return KernelSpec(

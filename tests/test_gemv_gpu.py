@@ -615,20 +615,3 @@ def test_tc_batch_loads_variant(cfg, M, dtype, group):
     t.cuda.synchronize()
     ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, s, z)
     assert rel_error(y.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
-
-
-@pytest.mark.parametrize("config", ["128,2,streaming=1,xshare=1,kcluster=8", "128,4,streaming=1,xshare=1,kcluster=4",
-                                    "256,2,xshare=1,kcluster=2", "64,4,streaming=1,xshare=1"])
-@pytest.mark.parametrize("M,dtype,group", [(8, "float16", 128), (2, "bfloat16", 128), (5, "float16", 32), (8, "bfloat16", 16)])
-def test_xshare_against_reference(config, M, dtype, group):
-    """xshare (several tokens; warps split rows and share x staged in shared memory; K split over
-    a cluster) against the float64 reference, on a ragged N and a K-long row."""
-    t = _torch()
-    rng = np.random.default_rng()
-    N, K = 1000, 14336
-    _, w, s, z = random_problem(rng, N, K, group, False)
-    x = t.randn(M, K, device="cuda", dtype=getattr(t, dtype))
-    out = t.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
-    int4jit.gemv(x, t.from_numpy(w).cuda(), t.from_numpy(s).cuda(), t.from_numpy(z).cuda(), out=out, config=config)
-    ref = chunked_reference(x.float().cpu().numpy(), w, s, z)
-    assert rel_error(out.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)

@@ -125,17 +125,7 @@ VARIANTS = (variants(GemvShape(300, 2048, 128, False), (128, 4))
             + variants(GemvShape(200, 1024, 32, True), (64, 2))
             + variants(GemvShape(300, 2048, 128, False, 4, "bfloat16", "bfloat16"), (128, 4)))
 
-# xshare (several tokens: warps split rows, x staged per batch, K split over a cluster)
-XSHARE = [make_spec(GemvShape(N, K, g, sym, M, dt, dt), "sm_90", "tc", LaunchConfig(*cfg),
-                    Variant(xshare=True, streaming=stream, kcluster=kc, loads=loads, early=early), pdl=True)
-          for (N, K, g, sym, M, dt, cfg, stream, kc, loads, early) in [
-              (300, 4096, 128, False, 8, "float16", (128, 2), True, 8, 4, False),
-              (300, 4096, 128, False, 8, "float16", (128, 4), True, 4, 8, True),
-              (257, 2048, 32, True, 3, "bfloat16", (64, 2), False, 2, 4, False),
-              (100, 2080, 16, False, 5, "float16", (256, 2), False, 1, 4, False),
-              (600, 1024, 64, False, 2, "bfloat16", (128, 8), True, 1, 8, False)]]
-GROUPS = {"simt": SIMT, "amd-grid": AMD_GRID, "tc": TC, "tc_batch": TC_BATCH, "tokens": TOKENS, "variant": VARIANTS,
-          "xshare": XSHARE}
+GROUPS = {"simt": SIMT, "amd-grid": AMD_GRID, "tc": TC, "tc_batch": TC_BATCH, "tokens": TOKENS, "variant": VARIANTS}
 DEQUANT = [make_dequant_spec(GemvShape(100, 512, 32, False), "sm_90"),
            make_dequant_spec(GemvShape(70, 4096, 128, True, scale_dtype="bfloat16"), "gfx90a", "bfloat16")]
 

@@ -49,10 +49,9 @@ constexpr bool SYMMETRIC = ${SYMMETRIC};
 constexpr int M = ${M};                  // tokens
 constexpr bool BF16 = ${BF16};           // x, y and the mma in bf16 (else fp16)
 constexpr bool SCALE_BF16 = ${SCALE_BF16};
-constexpr int KSPLIT = ${KSPLIT};        // warps of a block; they split K (XSHARE: rows)
+constexpr int KSPLIT = ${KSPLIT};        // warps of a block; they split K
 constexpr int KC = ${KCLUSTER};          // blocks of a cluster that split one row block's K (sm_90)
-constexpr bool XSHARE = ${XSHARE};       // several tokens: warps split rows and share x, staged per batch
-constexpr int KSPLIT_ALL = (XSHARE ? 1 : KSPLIT) * KC;  // warps that split one row's K
+constexpr int KSPLIT_ALL = KSPLIT * KC;  // warps that split one row block's K
 constexpr int TW = ${TW};                // 16-row tiles per warp
 constexpr int UNROLL = ${UNROLL};        // steps whose loads are in flight together
 constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of steps (else every KSPLIT_ALL-th)
@@ -71,8 +70,7 @@ constexpr bool WIDE_SCALES = DIAG && K % 128 == 0;
 static_assert(!XSMEM || STREAMING, "x is staged in shared memory on streaming builds only");
 static_assert(!EARLY || STREAMING, "early loads are the streaming build's first batch");
 constexpr int BS = 32 * KSPLIT;
-constexpr int ROWS_PER_WARP = 16 * TW;
-constexpr int ROWS_PER_BLOCK = ROWS_PER_WARP * (XSHARE ? KSPLIT : 1);
+constexpr int ROWS_PER_BLOCK = 16 * TW;
 constexpr int CHUNKS = K / 32;           // 16-byte loads per row
 constexpr int STEPS = (CHUNKS + 3) / 4;  // 128 elements per step
 constexpr int WARP_STEPS = (STEPS + KSPLIT_ALL - 1) / KSPLIT_ALL;
@@ -97,8 +95,7 @@ static_assert(GROUP < 128 || K % 128 == 0, "GROUP >= 128 implies whole steps");
 static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
 static_assert(!RAW_A || M == 1, "raw_a is one token's");
 static_assert(!XAHEAD || M > 1, "xahead is several tokens' (one token reads x from shared memory or per step)");
-static_assert(!XSMEM || M == 1, "x staged whole is one token's");
-static_assert(!XSHARE || (M > 1 && !XAHEAD && !RAW_A), "xshare is several tokens', with x from shared memory");
+static_assert((!XSMEM && KC == 1) || M == 1, "x staging and cluster K splits are one token's");
 
 // A scale as fp32, and fp32 as the output type.
 __device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
@@ -313,7 +310,7 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2][MT], const u32 (&wq)[2][
 template <bool TAIL>
 __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
-                                        long long row0, int ks, int g, int t, u32x4* xs, u32x4* xb) {
+                                        long long row0, int ks, int g, int t, u32x4* xs) {
     long long rows[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw)
@@ -394,18 +391,6 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) load_slot(s0, u, tw, false);
     };
-    // XSHARE: the block's threads put the batch's x (M tokens x UNROLL steps x 16 pieces of 16
-    // bytes; zero past the last chunk) into xb, once for every warp; between two barriers, so no
-    // warp still reads the previous batch's.
-    auto stage_x = [&](int s0) {
-        __syncthreads();
-        for (int p = threadIdx.x; p < UNROLL * M * 16; p += BS) {
-            const int u = p / (M * 16), m = p / 16 % M, q = p % 16;
-            const int st = s0 + u * STEP_STRIDE, c = 4 * st + q / 4;
-            xb[p] = st < s_end && c < CHUNKS ? load_x16<false>(x + (long long)m * K + 32 * c + 8 * (q % 4)) : u32x4{0, 0, 0, 0};
-        }
-        __syncthreads();
-    };
     if constexpr (XWARP) {
         // Each warp stages the x of its own steps, paired, through registers (no block barrier),
         // its x loads issued ahead of its first weights (volatile loads keep that order); EARLY:
@@ -455,17 +440,13 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
                     for (int h = 0; h < 2; ++h) all ^= wq[u][tw][h][0];  // one word per load suffices
             issue_barrier(all);
         }
-        if constexpr (XSHARE) stage_x(s0);
         const bool more = s0 + BATCH < s_end;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int step = s0 + u * STEP_STRIDE;
             if (step >= s_end) break;
             u32x4 xv[4];
-            if constexpr (XSHARE) {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) xv[j] = xb[(u * M + min(g, M - 1)) * 16 + 4 * t + j];
-            } else if constexpr (XAHEAD) {
+            if constexpr (XAHEAD) {
                 // This step's x came a step ahead; the warp's next step's goes out now.
 #pragma unroll
                 for (int j = 0; j < 4; ++j) xv[j] = xnext[j];
@@ -497,7 +478,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
 // cluster barrier and stores y. With several tokens lane (g, t) holds tokens 2t and 2t + 1.
 __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRICT y, long long row0, int ks, int rank,
                                          int g, int t, float (*partial)[ROWS_PER_BLOCK],
-                                         float (*cluster_part)[M * ROWS_PER_BLOCK]) {
+                                         float (*cluster_part)[ROWS_PER_BLOCK]) {
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
     if constexpr (DIAG) {
 #pragma unroll
@@ -517,25 +498,10 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRI
                     if (M > 1 ? m < M : t == 0) f(m, 16 * tw + 8 * h + g, acc[tw][h][e]);
                 }
     };
-    if constexpr ((KSPLIT == 1 || XSHARE) && KC == 1) {
+    if constexpr (KSPLIT == 1 && KC == 1) {
         each_sum([&](int m, int i, float v) {
             if (row0 + i < N) y[(long long)m * N + row0 + i] = out_h(v);
         });
-    } else if constexpr (XSHARE) {
-        // Each warp's sums are whole for its rows and this block's part of K: into block 0.
-        const long long block_row0 = row0 - ks * ROWS_PER_WARP;
-        cluster_wait();  // block 0 has started: its shared memory may be written
-        each_sum([&](int m, int i, float v) { cluster_store(&cluster_part[rank][m * ROWS_PER_BLOCK + ks * ROWS_PER_WARP + i], 0, v); });
-        cluster_sync();  // every block's sums are in block 0
-        if (rank == 0) {
-            for (int j = threadIdx.x; j < M * ROWS_PER_BLOCK; j += BS) {
-                const int m = j / ROWS_PER_BLOCK, i = j % ROWS_PER_BLOCK;
-                float sum = 0.0f;
-#pragma unroll
-                for (int c = 0; c < KC; ++c) sum += cluster_part[c][j];
-                if (block_row0 + i < N) y[(long long)m * N + block_row0 + i] = out_h(sum);
-            }
-        }
     } else {
         each_sum([&](int m, int i, float v) { partial[ks * M + m][i] = v; });
         __syncthreads();
@@ -556,7 +522,7 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRI
             if constexpr (KC == 1)
                 y[(long long)m * N + row0 + i] = out_h(sum);
             else
-                cluster_store(&cluster_part[rank][m * ROWS_PER_BLOCK + i], 0, sum);
+                cluster_store(&cluster_part[rank][i], 0, sum);
         });
         if constexpr (KC > 1) {
             cluster_sync();  // every block's sums are in block 0
@@ -564,8 +530,8 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRI
                 each_row([&](int m, int i) {
                     float sum = 0.0f;
 #pragma unroll
-                    for (int c = 0; c < KC; ++c) sum += cluster_part[c][m * ROWS_PER_BLOCK + i];
-                    y[(long long)m * N + row0 + i] = out_h(sum);
+                    for (int c = 0; c < KC; ++c) sum += cluster_part[c][i];
+                    y[row0 + i] = out_h(sum);
                 });
             }
         }
@@ -601,15 +567,12 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     // KC > 1: a cluster is KC consecutive blocks; block `rank` of it takes warps
     // rank * KSPLIT .. of the row block's K split.
     const int rank = KC > 1 ? blockIdx.x % KC : 0;
-    // XSHARE: warp ks takes rows ks * ROWS_PER_WARP.. of the block's, all of the block's K part.
-    const long long row0 = (long long)(blockIdx.x / KC) * ROWS_PER_BLOCK + (XSHARE ? ks * ROWS_PER_WARP : 0);
-    const int kpart = XSHARE ? rank : rank * KSPLIT + ks;
+    const long long row0 = (long long)(blockIdx.x / KC) * ROWS_PER_BLOCK;
     __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
-    __shared__ u32x4 xb[XSHARE ? UNROLL * M * 16 : 1];  // a batch's x, when shared (XSHARE)
-    __shared__ float partial[KSPLIT > 1 && !XSHARE ? KSPLIT * M : 1][ROWS_PER_BLOCK];
+    __shared__ float partial[KSPLIT > 1 ? KSPLIT * M : 1][ROWS_PER_BLOCK];
     // KC > 1: block 0's copy receives every block's sums (a one-element array otherwise).
-    __shared__ float cluster_sums[KC > 1 ? KC * M * ROWS_PER_BLOCK : 1];
-    float (*cluster_part)[M * ROWS_PER_BLOCK] = KC > 1 ? (float (*)[M * ROWS_PER_BLOCK])cluster_sums : nullptr;
+    __shared__ float cluster_sums[KC > 1 ? KC * ROWS_PER_BLOCK : 1];
+    float (*cluster_part)[ROWS_PER_BLOCK] = KC > 1 ? (float (*)[ROWS_PER_BLOCK])cluster_sums : nullptr;
     if constexpr (KC > 1) cluster_arrive_relaxed();  // this block has started (tc_store waits for all)
     float acc[TW][2][MT];
 #pragma unroll
@@ -619,12 +582,12 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     // EARLY: the next kernel may launch now (its blocks take SM room as this grid's leave), and
     // tc_rows waits for the previous grid after issuing its first weights, before any x.
     if constexpr (EARLY) I4_GRID_LAUNCH_DEPENDENTS();
-    if constexpr (PREFETCH > 0) tc_prefetch(w, row0, kpart, g, t);
+    if constexpr (PREFETCH > 0) tc_prefetch(w, row0, rank * KSPLIT + ks, g, t);
     if constexpr (!EARLY) I4_GRID_WAIT();  // the previous kernel's writes (x) are visible after this
     if (N % ROWS_PER_BLOCK != 0 && blockIdx.x / KC == gridDim.x / KC - 1)
-        tc_rows<true>(acc, x, w, scales, zeros, row0, kpart, g, t, xs, xb);
+        tc_rows<true>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     else
-        tc_rows<false>(acc, x, w, scales, zeros, row0, kpart, g, t, xs, xb);
+        tc_rows<false>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     // This block's loads are done: the next kernel may launch. Triggering at the start instead
     // measured 1.5 us slower per small call and 4-7% on large ones (docs/performance.md).
     if constexpr (!EARLY) I4_GRID_LAUNCH_DEPENDENTS();
