@@ -209,8 +209,8 @@ class Int4Linear(nn.Module):
             self._warned = True
             why = ("several tokens (prefill)" if tokens > 1 else f"{x.dtype} activations") if x.is_cuda else "the CPU"
             (trace if x.is_cuda and tokens > 1 else log.warning)(
-                "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d tokens, %s on %s)",
-                self.out_features, self.in_features, why, tokens, x.dtype, x.device)
+                "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
+                self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
         if not x.is_cuda:
             W = self._dense
             if W is None or W.dtype != x.dtype:
