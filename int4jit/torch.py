@@ -160,15 +160,16 @@ class Int4Linear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layer, buffers = self._layer, self._buffers
+        layer = self._layer
         # The eager decode call, kept lean (each tensor attribute costs ~0.1 us, a reshape ~1.4, a
         # buffer read as self.w ~0.9: self._buffers is read instead): 1..16 tokens in fp16 or bf16,
         # contiguous, on the layer's GPU, no gradient wanted, the weights not moved since prepared.
-        if layer is not None and layer.w is buffers["w"] and buffers["perm"] is None:
+        # Under torch.compile the first test is false and nothing else here is traced.
+        if layer is not None and not torch.compiler.is_compiling() and layer.w is self._buffers["w"] \
+                and self._buffers["perm"] is None:
             dt = x.dtype
             if (dt is torch.float16 or dt is torch.bfloat16) and x.shape[-1] == self.in_features \
-                    and x.get_device() == layer.device_index and x.is_contiguous() and not x.requires_grad \
-                    and not torch.compiler.is_compiling():
+                    and x.get_device() == layer.device_index and x.is_contiguous() and not x.requires_grad:
                 tokens = x.numel() // self.in_features
                 if 1 <= tokens <= MAX_TOKENS and (dt, tokens) not in self._no_kernel:
                     try:
