@@ -15,7 +15,7 @@ from . import backends, cache, compiler, env, plan, tuner
 from ._version import __version__
 from .errors import BackendUnavailable, CompileError, Int4JitError
 from .reference import dequantize, random_problem, reference_gemv
-from .shapes import ACTIVATION_DTYPES, SUPPORTED_GROUPS, GemvShape
+from .shapes import ACTIVATION_DTYPES, MAX_TOKENS, SUPPORTED_GROUPS, GemvShape
 from .spec import make_dequant_spec
 
 DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
@@ -291,6 +291,17 @@ def parse_dtypes(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def parse_tokens(text: str) -> list[int]:
+    """'1,4,8' -> [1, 4, 8]: token counts of one call (1..MAX_TOKENS)."""
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(not 1 <= m <= MAX_TOKENS for m in counts):
+        raise argparse.ArgumentTypeError(f"expected token counts 1..{MAX_TOKENS}, comma-separated; got {text[:60]!r}")
+    return list(dict.fromkeys(counts))
+
+
 def _table_us(p) -> str:
     """The shipped table's time for a table-tier plan (its row may be the fp16 one of a bf16 shape)."""
     hit = tuner.table_entry(p.spec.shape, p.spec.arch)
@@ -309,25 +320,26 @@ def cmd_warm(args) -> int:
         device = backends.device()
         archs = [device.arch]
     exhaustive = args.exhaustive or None
-    work = [(GemvShape(N, K, args.group, args.symmetric, 1, dtype), arch)
-            for N, K in shapes for dtype in args.dtype for arch in archs]
+    work = [(GemvShape(N, K, args.group, args.symmetric, M, dtype), arch)
+            for N, K in shapes for M in args.tokens for dtype in args.dtype for arch in archs]
     planned = {}  # compile-only: (shape, arch) -> _warm_plan's (plan, specs), or the error planning raised
     if args.compile_only:  # every build first, in parallel; the loop below then reads the cache
         for item in work:
             try:
                 planned[item] = _warm_plan(*item, exhaustive)
-            except Int4JitError as e:  # the loop below reports it, on its row
+            except (Int4JitError, NotImplementedError) as e:  # the loop below reports it, on its row
                 planned[item] = e
         compile_specs([s for done in planned.values() if isinstance(done, tuple) for s in done[1]],
                       args.jobs, "warm: compile")
-    rows, failures = [], []
+    rows, failures, notes = [], [], []
     for shape, arch in _progress(work, "warm"):
-        label = f"{shape.N}x{shape.K}" + ("" if shape.dtype == "float16" else f"/{shape.dtype}")
+        label = (f"{shape.N}x{shape.K}" + ("" if shape.M == 1 else f"/m{shape.M}")
+                 + ("" if shape.dtype == "float16" else f"/{shape.dtype}"))
         t0 = time.perf_counter()
         try:
             if args.compile_only:
                 done = planned[(shape, arch)]
-                if isinstance(done, Int4JitError):
+                if isinstance(done, Exception):
                     raise done
                 p, specs = done
             else:
@@ -339,6 +351,10 @@ def cmd_warm(args) -> int:
             failures.append(f"{shape.key()} on {arch}: {_failure_line(e)}")
             rows.append((label, f"g{args.group}", arch, "-", "FAILED", "-", f"{time.perf_counter() - t0:.2f}", "-"))
             continue
+        except NotImplementedError as e:  # no kernel for these calls there: Int4Linear dequantises + matmuls
+            notes.append(f"{shape.key()} on {arch}: no kernel to build ({e}); Int4Linear runs dequantise + matmul there")
+            rows.append((label, f"g{args.group}", arch, "-", "no kernel", "-", f"{time.perf_counter() - t0:.2f}", "-"))
+            continue
         us = "-"
         if p.tier in ("tuned", "db"):
             rec = tuner.TuningDB(p.spec.arch).get(tuner.db_key(shape, p.spec.kernel), {})
@@ -348,6 +364,8 @@ def cmd_warm(args) -> int:
         rows.append((label, f"g{args.group}", arch, p.spec.label(), p.tier, us,
                      f"{time.perf_counter() - t0:.2f}", ck.key[:12]))
     _print_table(["shape", "group", "arch", "BS,TN", "tier", "us", "s", "code object"], rows)
+    for n in notes:
+        print(f"int4jit warm: {n}")
     for f in failures:
         print(f"int4jit warm: {f}", file=sys.stderr)
     return 1 if failures else 0
@@ -355,7 +373,7 @@ def cmd_warm(args) -> int:
 
 # -- tune ----------------------------------------------------------------------------------
 def cmd_tune(args) -> int:
-    shape = GemvShape(args.N, args.K, args.group, args.symmetric, 1, args.dtype)
+    shape = GemvShape(args.N, args.K, args.group, args.symmetric, args.tokens, args.dtype)
     device = backends.device()
     _, kernel, pdl = plan.target(shape, device.arch, device)
     t0 = time.perf_counter()
@@ -494,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --compile-only: compile processes (default: one a CPU)")
     w.add_argument("--dtype", type=parse_dtypes, default=["float16"], metavar="float16,bfloat16",
                    help="activation types the model runs in, comma-separated (default float16)")
+    w.add_argument("--tokens", type=parse_tokens, default=[1], metavar="1,4,8",
+                   help=f"tokens a call carries (1..{MAX_TOKENS}: speculative decoding, small batches), "
+                        f"comma-separated (default 1)")
     w.set_defaults(func=cmd_warm)
     t = sub.add_parser("tune", help="tune one shape on this GPU and print every candidate",
                        description="Benchmark every candidate for one shape on this GPU and store the winner.")
@@ -504,6 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--symmetric", action="store_true", help="symmetric weights: no zero points (zero point 8)")
     t.add_argument("--exhaustive", action="store_true", help="search the 20-point grid (BS 32-512 x TN 2-16)")
     t.add_argument("--dtype", choices=ACTIVATION_DTYPES, default="float16", help="the activations' type (default float16)")
+    t.add_argument("--tokens", type=int, default=1, choices=range(1, MAX_TOKENS + 1), metavar=f"1..{MAX_TOKENS}",
+                   help="tokens a call carries (default 1)")
     t.set_defaults(func=cmd_tune)
     c = sub.add_parser("cache", help="path | list | clear | export FILE | import FILE",
                        description="path: print the cache dir; list: its tuning entries and code objects; clear: "

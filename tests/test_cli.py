@@ -152,3 +152,29 @@ def test_warm_dtype_must_name_activation_types(value, capsys):
         cli.main(["warm", "--compile-only", "--dtype", value, "--shapes", "896x896"])
     assert refused.value.code == 2
     assert "--dtype: expected float16 or bfloat16" in capsys.readouterr().err
+
+
+def test_warm_compile_only_covers_several_tokens(capsys):
+    """--tokens 1,8 warms what calls of 8 tokens launch and tune (speculative decoding, small
+    batches): the tc build and every candidate, so nothing compiles at run time; on an AMD target
+    such calls have no kernel (Int4Linear dequantises + matmuls): said on its row, not a failure."""
+    require_compiler("cuda")
+    require_compiler("hip")
+    assert cli.main(["warm", "--compile-only", "--arch", "sm_90", "--arch", "gfx90a", "--tokens", "1,8",
+                     "--shapes", "2048x2048"]) == 0
+    out = capsys.readouterr().out
+    rows = {(line.split()[0], line.split()[2]): line.split() for line in out.splitlines() if line.lstrip()[:1].isdigit()}
+    assert set(rows) == {(s, a) for s in ("2048x2048", "2048x2048/m8") for a in ("sm_90", "gfx90a")}
+    assert rows[("2048x2048/m8", "gfx90a")][4:6] == ["no", "kernel"] and "Int4Linear runs dequantise + matmul" in out
+    compiler._memo.clear()
+    shape = GemvShape(2048, 2048, 128, False, 8)
+    assert compiler.is_cached(plan.plan(shape, "sm_90").spec)
+    assert all(compiler.is_cached(s) for s in plan.search_space(shape, "sm_90"))
+
+
+@pytest.mark.parametrize("value", ["0", "17", "4,x", ""])
+def test_warm_tokens_must_be_1_to_16(value, capsys):
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["warm", "--compile-only", "--tokens", value, "--shapes", "896x896"])
+    assert refused.value.code == 2
+    assert "--tokens: expected token counts 1..16" in capsys.readouterr().err
