@@ -1,11 +1,12 @@
 """torch integration: Int4Linear, quantize_model and the `int4jit::gemv` custom op. Optional:
 `import int4jit` never imports torch; this module does.
 
-Int4Linear's one-token call on the GPU runs the int4jit kernel through the layer's GemvWeights
-(validated once; a call re-checks only x). Under torch.compile it goes through the registered
-custom op `torch.ops.int4jit.gemv` (with a fake implementation), so Dynamo traces no int4jit
-Python and CUDA graphs (mode="reduce-overhead") capture the launch. Anything else (several
-tokens, the CPU) dequantises and uses torch.matmul, with one warning per module naming why.
+Int4Linear's call of 1..16 tokens on the GPU runs the int4jit kernel through the layer's
+GemvWeights (validated once; a call re-checks only x). Under torch.compile, and where x requires
+grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a fake
+implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
+(mode="reduce-overhead") capture the launch. Anything else (prefill, the CPU, a call no kernel
+serves on the target) dequantises and uses torch.matmul, with a warning naming why.
 """
 from __future__ import annotations
 
@@ -86,12 +87,15 @@ class Int4Linear(nn.Module):
     """nn.Linear with INT4 weights in int4jit's canonical layout.
 
     forward on [..., K] with 1..16 tokens, fp16 or bf16, on the GPU runs the int4jit kernels on
-    torch's current stream (graph capture works): one fp16 token on the simt/tc kernels, bf16 or
-    several tokens on the tensor-core kernels (NVIDIA sm_80+). More tokens (prefill) dequantise
-    once per call on the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul;
-    on the CPU the dequantised weight is kept per module (up to CPU_DENSE_CACHE_BYTES). The
-    weight buffers are GemvWeights' (fixed while in use: a kernel that writes them must not be the
-    one launched right before the layer's call on its stream). The first fallback of a module logs a warning naming why."""
+    torch's current stream (graph capture works): one token on the simt or tc kernel, several on
+    the tensor-core kernels (NVIDIA sm_80+); a dtype and token count no kernel serves on the
+    target falls back, said once. More tokens (prefill) dequantise once per call on the GPU with
+    one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
+    weight is kept per module (up to CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
+    enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
+    constants). A conversion of the model's dtype leaves the scales as quantised. The weight
+    buffers are GemvWeights' (fixed while in use: a kernel that writes them must not be the one
+    launched right before the layer's call on its stream)."""
 
     def __init__(self, w, scales, zeros=None, bias=None, perm=None):
         super().__init__()
