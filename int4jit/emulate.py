@@ -129,6 +129,14 @@ def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zero
     z = None if zeros is None else np.ascontiguousarray(zeros)
     if not out.flags.c_contiguous or out.dtype.itemsize != 2:
         raise ValueError(f"out must be a contiguous array of 16-bit words; got {out.dtype} {out.shape}")
+    sh = spec.shape  # sizes checked: the kernel would read or write past a smaller array
+    sizes = {"x": (arrays[0].nbytes, 0 if spec.kernel == "dequant" else 2 * sh.M * sh.K), "w": (arrays[1].nbytes, sh.N * sh.K // 2),
+             "scales": (arrays[2].nbytes, 2 * sh.N * (sh.K // sh.group)),
+             "zeros": (0 if z is None else z.nbytes, 0 if sh.symmetric else sh.N * (sh.K // sh.group)),
+             "out": (out.nbytes, 2 * (sh.N * sh.K if spec.kernel == "dequant" else sh.M * sh.N))}
+    for name, (have, need) in sizes.items():
+        if have < need or (name == "zeros" and sh.symmetric and z is not None):
+            raise ValueError(f"{name} must hold {need} bytes for {spec.kernel} {sh.key()}; got {have}")
     ids = np.arange(spec.grid, dtype=np.int32) if blocks is None else np.asarray(blocks, dtype=np.int32)
     if ids.size and (ids.min() < 0 or ids.max() >= spec.grid):
         raise ValueError(f"blocks must lie in 0..{spec.grid - 1}; got {ids.min()}..{ids.max()}")

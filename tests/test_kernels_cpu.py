@@ -212,6 +212,8 @@ def test_a_few_blocks_of_a_grid():
     assert np.isnan(np.delete(out, rows)).all()
     with pytest.raises(ValueError, match=f"blocks must lie in 0..{last}"):
         emu.run(spec, x_words, w, scales, zeros, out, blocks=[last + 1])
+    with pytest.raises(ValueError, match="w must hold 153600 bytes"):  # a kernel would read past it
+        emu.run(spec, x_words, w[:-1], scales, zeros, out)
     # a block of a cluster runs with the cluster's other blocks, whose sums it needs
     cluster = make_spec(GemvShape(300, 2048, 32, False), "sm_90", "tc", LaunchConfig(128, 4), Variant(kcluster=2))
     x_words, x_ref, w, scales, s_ref, zeros = problem(cluster, 6)
