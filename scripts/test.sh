@@ -2,7 +2,7 @@
 # Install what the tests need and run them: the README's test command, and what CI runs.
 # Debian's libamdhip64-5 (ROCm 5.2) provides hiprtc for the gfx compile tests; Debian's llvm
 # provides llvm-objdump, which tests/test_inspect_amd.py reads the code objects with; g++ builds
-# the kernel templates for the CPU (tests/kernel_emulator.py).
+# the kernel templates for the CPU (int4jit/emulate.py, tests/test_kernels_cpu.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NEED=""
