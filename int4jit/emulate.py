@@ -37,13 +37,16 @@ _dir: Path | None = None
 
 
 def compiler_path() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+    """$CXX where it names an executable, else g++ or clang++ on PATH (None: none)."""
+    cxx = os.environ.get("CXX")
+    return shutil.which(cxx) if cxx else shutil.which("g++") or shutil.which("clang++")
 
 
 def why_not(spec: KernelSpec) -> str | None:
     """Why `spec` cannot run here (None: it can)."""
     if compiler_path() is None:
-        return "no C++ compiler (g++ or clang++) on PATH"
+        cxx = os.environ.get("CXX")
+        return f"CXX={cxx!r} is no executable" if cxx else "no C++ compiler (g++ or clang++) on PATH"
     return None
 
 
