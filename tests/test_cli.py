@@ -105,9 +105,12 @@ def test_main_command_without_gpu_compiles_default_targets(tmp_path):
     rows = [line.split() for line in r.stdout.splitlines() if line.lstrip().startswith("896x896")]
     if emulate.compiler_path():  # each kernel's first and last blocks ran on the CPU, within tolerance
         assert len(rows) == len(cli.DEFAULT_TARGETS) and all(float(row[-1]) <= 2e-3 for row in rows)
-    again = run_cli("--shapes", "896x896", env={"INT4JIT_CACHE_DIR": str(tmp_path / "c")})
+    # again, with no C++ compiler to emulate with: nothing recompiled, and no claim that kernels ran
+    again = run_cli("--shapes", "896x896", env={"INT4JIT_CACHE_DIR": str(tmp_path / "c"), "CXX": "no-such-compiler"})
     rows = [line for line in again.stdout.splitlines() if line.lstrip().startswith("896x896")]
-    assert len(rows) == len(cli.DEFAULT_TARGETS) and all("cache hit" in r for r in rows)  # nothing recompiled
+    assert len(rows) == len(cli.DEFAULT_TARGETS) and all("cache hit" in r for r in rows)
+    assert again.returncode == 0 and "not emulated: CXX='no-such-compiler' is no executable" in again.stdout
+    assert "first and last blocks, run on the CPU" not in again.stdout
 
 
 def test_warm_reports_a_target_the_compiler_cannot_build(capsys, monkeypatch):
