@@ -144,6 +144,8 @@ def _run_without_gpu(args, shapes, rng) -> int:
             emulate.build(spec)
         except RuntimeError as e:  # an int4jit bug: reported on the kernel's row, the others still run
             return None, str(e)
+        except OSError as e:  # the library cannot be loaded from the temp dir (mounted noexec?)
+            return f"a CPU build cannot be loaded here ({e})", None
         return None, None
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # the CPU builds, ~0.6 s each, all at once
