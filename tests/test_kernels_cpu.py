@@ -59,7 +59,7 @@ def check(spec, seed=0):
     if reason:
         pytest.skip(reason)
     x_words, x_ref, w, scales, s_ref, zeros = problem(spec, seed)
-    out = np.full(x_words.shape[:-1] + (spec.shape.N,), 0x7E00, dtype=np.uint16)  # NaN in fp16 and bf16
+    out = np.full(x_words.shape[:-1] + (spec.shape.N,), 0x7FC0, dtype=np.uint16)  # NaN in fp16 and in bf16
     emu.run(spec, x_words, w, scales, zeros, out)
     y = bf16_values(out) if spec.shape.dtype == "bfloat16" else out.view(np.float16)
     ref = int4jit.reference_gemv(x_ref, w, s_ref, zeros)
@@ -161,7 +161,7 @@ def test_dequantise_kernel(spec):
     _, w, scales, zeros = random_problem(rng, s.N, s.K, s.group, s.symmetric)
     s_kernel = bf16_bits(scales.astype(np.float32)) if s.scale_dtype == "bfloat16" else scales
     s_ref = bf16_values(s_kernel) if s.scale_dtype == "bfloat16" else scales
-    out = np.full((s.N, s.K), 0x7E00, dtype=np.uint16)
+    out = np.full((s.N, s.K), 0x7FC0, dtype=np.uint16)
     emu.run(spec, np.zeros(s.K, np.float16), w, s_kernel, zeros, out)
     W = bf16_values(out) if spec.param("OUT_BF16") == "true" else out.view(np.float16).astype(np.float32)
     ref = int4jit.dequantize(w, s_ref, zeros)
