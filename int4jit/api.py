@@ -96,14 +96,15 @@ class _PreparedWeights:
                 or not x.is_contiguous() or x.get_device() != self.device_index:
             return None
         y_shape = (N,) if ndim == 1 else (tokens, N)
-        if out is None:
+        given = out is not None
+        if not given:
             out = x.new_empty(y_shape)
         elif out.dtype is not dt or out.shape != y_shape or not out.is_contiguous() \
                 or out.get_device() != self.device_index:
             return None
         x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-        if (x_ptr | out_ptr) & 15:
-            return None
+        if (x_ptr | out_ptr) & 15 or (given and x_ptr < out_ptr + 2 * tokens * N and out_ptr < x_ptr + 2 * tokens * self.shape.K):
+            return None  # misaligned, or out overlapping x: the full checks say which
         s = self.stream_of(self.device_index) if stream is None else stream_handle(stream, None)
         key = (tokens, dt, config_key, _env_state())
         launch = self.launches.get(key)
@@ -402,6 +403,8 @@ class GemvWeights:
                                 or out.device != x.device):
             raise ValueError(f"out must be a contiguous {dt} tensor of {tokens} x {self.N} elements on {x.device}; "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        if out is not None and x.data_ptr() < out.data_ptr() + 2 * out.numel() and out.data_ptr() < x.data_ptr() + 2 * x.numel():
+            raise ValueError("out must be memory of its own (it is written while x is read); got a tensor overlapping x")
         return self.launch_checked(x, tokens, out)
 
     def launch_checked(self, x, tokens: int, out=None):

@@ -9,6 +9,8 @@ import numpy as np
 
 # DLPack device types (dlpack.h)
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM = 1, 2, 3, 10
+_ITEMSIZE = {"uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "uint16": 2, "int16": 2, "float32": 4, "int32": 4,
+             "uint32": 4, "float64": 8, "int64": 8}
 _DL_DTYPES = {(0, 8): "int8", (1, 8): "uint8", (2, 16): "float16", (2, 32): "float32",
               (2, 64): "float64", (0, 32): "int32", (1, 16): "uint16", (4, 16): "bfloat16"}
 
@@ -27,6 +29,18 @@ class ArrayInfo:
     @property
     def on_device(self) -> bool:
         return self.device is not None
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * _ITEMSIZE.get(self.dtype, 1)
+
+    def overlaps(self, other: "ArrayInfo") -> bool:
+        """Whether two device arrays share memory (both contiguous: their byte ranges meet)."""
+        return (self.on_device and other.on_device and self.device == other.device and self.nbytes and other.nbytes
+                and self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes)
 
 
 def _c_contiguous(shape, strides_elems) -> bool:

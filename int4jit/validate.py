@@ -101,6 +101,11 @@ def validate(x, w, scales, zeros, out):
                          "; expected all on one device")
     for i in present:
         _aligned(i)
+    if oi is not None:  # blocks write y while others still read x and the weights
+        for i in present[:-1]:
+            if oi.overlaps(i):
+                _fail(ValueError, "out", f"memory of its own (it is written while {i.name} is read)",
+                      f"an array overlapping {i.name}")
     if not xi.on_device and (xi.dtype != "float16" or si.dtype != "float16"):
         _fail(TypeError, "x", "float16 (with float16 scales) for numpy arrays; bfloat16 needs device arrays",
               f"{xi.dtype} x with {si.dtype} scales")

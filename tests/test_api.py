@@ -166,7 +166,7 @@ def test_torch_calls_with_new_activations_reuse_the_prepared_weights(monkeypatch
         for bad_x, bad_out in [(torch.ones(K, dtype=torch.float32), None), (torch.ones(K + 2, dtype=torch.float16), None),
                                (torch.ones(17, K, dtype=torch.float16), None), (torch.ones(2, K, dtype=torch.float16)[:, ::2], None),
                                (x, torch.empty(N + 1, dtype=torch.float16)), (x, torch.empty(1, N, dtype=torch.float16)),
-                               (x, torch.empty(N, dtype=torch.bfloat16))]:
+                               (x, torch.empty(N, dtype=torch.bfloat16)), (x, x[:N])]:  # the last: out inside x
             assert prepared(bad_x, w, s, z, bad_out, None, None, None) is None  # the full path decides
         assert not prepared.holds(w, s.clone(), z) and not prepared.holds(w, s, None)
         assert len(launched) == 4
@@ -260,3 +260,14 @@ def test_device_values_are_checked_once_per_array_and_not_inside_a_capture(monke
     fake = ArrayInfo("zeros", object(), "cai", "uint8", (64, 8), True, 0x1000, ("gpu", 0))
     api._check_values("zeros", fake, check)  # no framework to reduce with: traced, not checked
     assert len(calls) == 4
+
+
+def test_an_out_overlapping_an_input_is_refused():
+    """Blocks write y while others still read x (and the weights): an out sharing their memory
+    (out=x on a square layer, a view into x) would read what was written. A neighbour is fine."""
+    x, w, s = FakeDevice((256,), "<f2", ptr=0x10000), FakeDevice((64, 128), "|u1", ptr=0x20000), FakeDevice((64, 2), "<f2", ptr=0x40000)
+    for ptr, name in ((0x10000, "x"), (0x10100, "x"), (0x20100, "w"), (0x40000, "scales")):
+        with pytest.raises(ValueError, match=f"out must be memory of its own \\(it is written while {name} is read\\)"):
+            int4jit.gemv(x, w, s, None, out=FakeDevice((64,), "<f2", ptr=ptr))
+    with pytest.raises(AssertionError, match="let a bad call through"):  # right after x: valid
+        int4jit.gemv(x, w, s, None, out=FakeDevice((64,), "<f2", ptr=0x10200))
