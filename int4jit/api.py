@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 
 from . import backends
-from .arrays import describe
+from .arrays import describe, ranges_overlap
 from .backends._args import PackedArgs
 from .env import ALIASES
 from .launch import Kernel, load
@@ -103,7 +103,7 @@ class _PreparedWeights:
                 or out.get_device() != self.device_index:
             return None
         x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-        if (x_ptr | out_ptr) & 15 or (given and x_ptr < out_ptr + 2 * tokens * N and out_ptr < x_ptr + 2 * tokens * self.shape.K):
+        if (x_ptr | out_ptr) & 15 or (given and ranges_overlap(x_ptr, 2 * tokens * self.shape.K, out_ptr, 2 * tokens * N)):
             return None  # misaligned, or out overlapping x: the full checks say which
         s = self.stream_of(self.device_index) if stream is None else stream_handle(stream, None)
         key = (tokens, dt, config_key, _env_state())
@@ -399,12 +399,12 @@ class GemvWeights:
         if (dt is not torch.float16 and dt is not torch.bfloat16) or x.get_device() != self.device_index \
                 or x.shape[-1] != self.K or not 1 <= tokens <= MAX_TOKENS or not x.is_contiguous():
             validate_x(x, self.K, self.device_index)
-        if out is not None and (out.dtype != dt or out.numel() != tokens * self.N or not out.is_contiguous()
-                                or out.device != x.device):
-            raise ValueError(f"out must be a contiguous {dt} tensor of {tokens} x {self.N} elements on {x.device}; "
-                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
-        if out is not None and x.data_ptr() < out.data_ptr() + 2 * out.numel() and out.data_ptr() < x.data_ptr() + 2 * x.numel():
-            raise ValueError("out must be memory of its own (it is written while x is read); got a tensor overlapping x")
+        if out is not None:
+            if out.dtype != dt or out.numel() != tokens * self.N or not out.is_contiguous() or out.device != x.device:
+                raise ValueError(f"out must be a contiguous {dt} tensor of {tokens} x {self.N} elements on {x.device}; "
+                                 f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+            if ranges_overlap(x.data_ptr(), 2 * x.numel(), out.data_ptr(), 2 * out.numel()):
+                raise ValueError("out must be memory of its own (it is written while x is read); got a tensor overlapping x")
         return self.launch_checked(x, tokens, out)
 
     def launch_checked(self, x, tokens: int, out=None):

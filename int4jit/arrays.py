@@ -39,8 +39,13 @@ class ArrayInfo:
 
     def overlaps(self, other: "ArrayInfo") -> bool:
         """Whether two device arrays share memory (both contiguous: their byte ranges meet)."""
-        return (self.on_device and other.on_device and self.device == other.device and self.nbytes and other.nbytes
-                and self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes)
+        return (self.on_device and other.on_device and self.device == other.device
+                and ranges_overlap(self.ptr, self.nbytes, other.ptr, other.nbytes))
+
+
+def ranges_overlap(a: int, a_bytes: int, b: int, b_bytes: int) -> bool:
+    """Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) meet (an empty one never does)."""
+    return a_bytes > 0 and b_bytes > 0 and a < b + b_bytes and b < a + a_bytes
 
 
 def _c_contiguous(shape, strides_elems) -> bool:

@@ -135,11 +135,12 @@ def _run_without_gpu(args, shapes, rng) -> int:
     before = {p.name for p in cache.code_dir().glob("*/*.bin")}
     plans = {(N, K, arch): plan.plan(GemvShape(N, K, args.group, args.symmetric), arch) for N, K in shapes for arch in targets}
 
+    unavailable = emulate.unavailable()
+
     def cpu_build(spec):
         """(why it cannot run on the CPU here, the C++ compiler's refusal), None where not."""
-        reason = emulate.why_not(spec)
-        if reason:
-            return reason, None
+        if unavailable:
+            return unavailable, None
         try:
             emulate.build(spec)
         except RuntimeError as e:  # an int4jit bug: reported on the kernel's row, the others still run

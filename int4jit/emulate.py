@@ -42,8 +42,8 @@ def compiler_path() -> str | None:
     return shutil.which(cxx) if cxx else shutil.which("g++") or shutil.which("clang++")
 
 
-def why_not(spec: KernelSpec) -> str | None:
-    """Why `spec` cannot run here (None: it can)."""
+def unavailable() -> str | None:
+    """Why no kernel can run on the CPU here (None: they can): no C++ compiler."""
     if compiler_path() is None:
         cxx = os.environ.get("CXX")
         return f"CXX={cxx!r} is no executable" if cxx else "no C++ compiler (g++ or clang++) on PATH"
@@ -125,7 +125,7 @@ def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zero
     """Launch the spec on host arrays (x, scales and out as 16-bit words: float16, or bfloat16
     bits in uint16): the whole grid, or only `blocks` (indices; with their clusters' other
     blocks). `out` is written in place."""
-    reason = why_not(spec)
+    reason = unavailable()
     if reason:
         raise NotImplementedError(f"{spec.kernel} {spec.label()} on {spec.arch} cannot be emulated: {reason}")
     arrays = [np.ascontiguousarray(a) for a in (x, w, scales)]
