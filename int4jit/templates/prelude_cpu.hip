@@ -14,7 +14,6 @@
 #include <memory>
 #include <optional>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #define I4_WARP ${WARP}
