@@ -15,7 +15,7 @@ Every candidate is compiled first in parallel processes (bench/common.compile_al
 TODO(api): this script still reaches into int4jit internals (plan.target, tuner.search_space,
 tuner.autotune(shape, kernel, dev, exhaustive=True) -> (record with .candidates/.us/.config,
 winning spec), tuner.TABLE_PATH). A public tuning API that returns, per shape, the winning spec
-and every candidate's time (e.g. `int4jit tune N K --exhaustive --json`) and a public way to
+and every candidate's time (e.g. `int4jit tune NxK --exhaustive --json`) and a public way to
 write a table.json row would let it stop; the compiling already goes through int4jit warm's
 compile_specs.
 """

@@ -391,8 +391,22 @@ def cmd_warm(args) -> int:
 
 
 # -- tune ----------------------------------------------------------------------------------
+def _tune_shape(words: list[str]) -> tuple[int, int]:
+    """`tune 4096x14336` (warm's form) or `tune 4096 14336`."""
+    if len(words) == 2 and all(w.isascii() and w.isdigit() for w in words):
+        words = ["x".join(words)]
+    if len(words) != 1 or "," in words[0]:
+        raise ValueError(f"tune takes one shape, NxK (4096x14336) or N K (4096 14336); got {' '.join(words)[:80]!r}")
+    try:
+        (shape,) = parse_shapes(words[0])
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"tune: {e}") from None
+    return shape
+
+
 def cmd_tune(args) -> int:
-    shape = GemvShape(args.N, args.K, args.group, args.symmetric, args.tokens, args.dtype)
+    N, K = _tune_shape(args.shape)
+    shape = GemvShape(N, K, args.group, args.symmetric, args.tokens, args.dtype)
     device = backends.device()
     _, kernel, pdl = plan.target(shape, device.arch, device)
     t0 = time.perf_counter()
@@ -537,8 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_warm)
     t = sub.add_parser("tune", help="tune one shape on this GPU and print every candidate",
                        description="Benchmark every candidate for one shape on this GPU and store the winner.")
-    t.add_argument("N", type=int, help="output rows (weight rows)")
-    t.add_argument("K", type=int, help="input length (weight columns)")
+    t.add_argument("shape", nargs="+", metavar="NxK",
+                   help="the weight's rows x columns, as warm's --shapes writes it (4096x14336); N K also works")
     t.add_argument("--group", type=int, default=128, choices=SUPPORTED_GROUPS,
                    help="quantisation group size along K (default 128)")
     t.add_argument("--symmetric", action="store_true", help="symmetric weights: no zero points (zero point 8)")

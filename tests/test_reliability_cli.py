@@ -187,6 +187,30 @@ def test_readme_compile_only_examples_name_targets_this_setup_knows():
             assert arch in known or "ROCm" in line, f"README shows {arch} as working here: {line}"
 
 
+@pytest.mark.parametrize("words", [["4096x14336"], ["4096", "14336"], ["4096X14336"]])
+def test_tune_takes_the_shape_as_warm_writes_it_or_as_n_k(words, monkeypatch, capsys):
+    seen = []
+    real = cli.GemvShape
+    monkeypatch.setattr(cli, "GemvShape", lambda N, K, *rest: seen.append((N, K)) or real(N, K, *rest))
+
+    def no_device(*a, **k):
+        raise ValueError("no device in this test")
+    monkeypatch.setattr(cli.backends, "device", no_device)
+    assert exit_code(["tune", *words]) == 2
+    assert seen == [(4096, 14336)]
+    assert "no device in this test" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("words,why", [(["4096x4096,8x8"], "tune takes one shape"), (["1", "2", "3"], "tune takes one shape"),
+                                       (["4096", "a"], "tune takes one shape"), (["4096xa"], "bad shape"), (["0x8"], "N and K must be 1 to")])
+def test_tune_refuses_anything_but_one_shape(words, why, capsys, monkeypatch):
+    def no_device(*a, **k):
+        raise AssertionError("tune asked for a device before checking its shape")
+    monkeypatch.setattr(cli.backends, "device", no_device)
+    assert exit_code(["tune", *words]) == 2
+    assert why in capsys.readouterr().err
+
+
 def test_tune_refuses_a_bad_shape_or_dtype_before_asking_for_a_device(capsys, monkeypatch):
     def no_device(*a, **k):
         raise AssertionError("tune asked for a device before checking its arguments")
