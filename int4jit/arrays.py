@@ -3,14 +3,13 @@ tensor methods, __cuda_array_interface__ or DLPack, without importing any framew
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 # DLPack device types (dlpack.h)
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_ROCM = 1, 2, 3, 10
-_ITEMSIZE = {"uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "uint16": 2, "int16": 2, "float32": 4, "int32": 4,
-             "uint32": 4, "float64": 8, "int64": 8}
 _DL_DTYPES = {(0, 8): "int8", (1, 8): "uint8", (2, 16): "float16", (2, 32): "float32",
               (2, 64): "float64", (0, 32): "int32", (1, 16): "uint16", (4, 16): "bfloat16"}
 
@@ -32,10 +31,7 @@ class ArrayInfo:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * _ITEMSIZE.get(self.dtype, 1)
+        return math.prod(self.shape) * (2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize)
 
     def overlaps(self, other: "ArrayInfo") -> bool:
         """Whether two device arrays share memory (both contiguous: their byte ranges meet)."""

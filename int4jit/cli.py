@@ -393,15 +393,18 @@ def cmd_warm(args) -> int:
 # -- tune ----------------------------------------------------------------------------------
 def _tune_shape(words: list[str]) -> tuple[int, int]:
     """`tune 4096x14336` (warm's form) or `tune 4096 14336`."""
+    one_shape = ValueError(f"tune takes one shape, NxK (4096x14336) or N K (4096 14336); got {' '.join(words)[:80]!r}")
     if len(words) == 2 and all(w.isascii() and w.isdigit() for w in words):
         words = ["x".join(words)]
-    if len(words) != 1 or "," in words[0]:
-        raise ValueError(f"tune takes one shape, NxK (4096x14336) or N K (4096 14336); got {' '.join(words)[:80]!r}")
+    if len(words) != 1:
+        raise one_shape
     try:
-        (shape,) = parse_shapes(words[0])
+        shapes = parse_shapes(words[0])
     except argparse.ArgumentTypeError as e:
         raise ValueError(f"tune: {e}") from None
-    return shape
+    if len(shapes) != 1:
+        raise one_shape
+    return shapes[0]
 
 
 def cmd_tune(args) -> int:

@@ -201,7 +201,7 @@ def test_tune_takes_the_shape_as_warm_writes_it_or_as_n_k(words, monkeypatch, ca
     assert "no device in this test" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("words,why", [(["4096x4096,8x8"], "tune takes one shape"), (["1", "2", "3"], "tune takes one shape"),
+@pytest.mark.parametrize("words,why", [(["4096x4096,8x8"], "tune takes one shape"), (["4096x4096;8x8"], "tune takes one shape"), (["1", "2", "3"], "tune takes one shape"),
                                        (["4096", "a"], "tune takes one shape"), (["4096xa"], "bad shape"), (["0x8"], "N and K must be 1 to")])
 def test_tune_refuses_anything_but_one_shape(words, why, capsys, monkeypatch):
     def no_device(*a, **k):
