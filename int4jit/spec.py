@@ -45,7 +45,7 @@ class Variant:
     streaming  each load slot refilled as soon as it is used, x staged in shared memory, 256-byte
                L2 fetches (large g >= 128 shapes: 3-12% faster on the H200)
     raw_a      A = raw (1024 + q) pairs, offsets removed after the mma (streaming, >= 2 tiles a warp)
-    kcluster   blocks of a sm_90 cluster splitting one row block's K (1 or 2; K-long g32 tails)
+    kcluster   blocks of a sm_90 cluster splitting one row block's K (1, 2 or 4; K-long g32 tails)
     one_wave   registers capped so a one-wave grid fits (a few g32 shapes)
     loads      16-byte weight loads a lane keeps in flight (4 or 8)
     prefetch   batches of weights asked into L2 before waiting for the previous kernel (0-2)
@@ -76,7 +76,7 @@ class Variant:
         return asdict(self)
 
 
-VARIANT_RANGES = {"streaming": (0, 1), "raw_a": (0, 1), "kcluster": (1, 2), "one_wave": (0, 1),
+VARIANT_RANGES = {"streaming": (0, 1), "raw_a": (0, 1), "kcluster": (1, 2, 4), "one_wave": (0, 1),
                   "loads": (4, 8), "prefetch": (0, 1, 2), "early": (0, 1),
                   "xahead": (0, 1)}
 SIMT_VARIANT = Variant(prefetch=0)
@@ -267,11 +267,11 @@ def arch_number(arch: str) -> int:
 
 def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant, pdl: bool = True) -> Variant:
     """The variant as it will be built: fields that cannot apply are reset (raw_a needs
-    streaming and one token; kcluster needs sm_90, one token and K of two steps or more;
+    streaming and one token; kcluster needs sm_90 and K of two steps or more;
     prefetch and early need PDL on sm_90; early streams; xahead needs several tokens)."""
     if v.raw_a and (not v.streaming or shape.M > 1):
         v = replace(v, raw_a=False)
-    if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster or shape.M > 1):
+    if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster):
         v = replace(v, kcluster=1)
     if v.prefetch and (arch_number(arch) < 90 or not pdl):
         v = replace(v, prefetch=0)
@@ -326,7 +326,9 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
     steps = _ceil(shape.K, 128)
     kc = v.kcluster
     rows_per_block = 16 * tw
-    ksplit = max(1, min(cfg.BS // 32, steps // kc, STATIC_SMEM_LIMIT // (4 * shape.M * rows_per_block)))
+    # Shared memory holds the warps' M x rows sums, and with a cluster block 0 holds each block's.
+    sums_room = STATIC_SMEM_LIMIT // (4 * shape.M * rows_per_block) - (kc if kc > 1 else 0)
+    ksplit = max(1, min(cfg.BS // 32, steps // kc, sums_room))
     per_warp = _ceil(steps, ksplit * kc)
     unroll = max(1, min(v.loads // (2 * tw), per_warp))
     # x (one token) in shared memory where it fits the static limit beside the K-split partial sums.

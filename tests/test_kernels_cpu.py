@@ -92,6 +92,10 @@ TC = [
     case("sm_90", "tc", 300, 1024, 32, M=8, cfg=(128, 2), dtype="bfloat16"),  # SCALED
     case("sm_90", "tc", 100, 512, 16, True, M=5, cfg=(64, 4), scale_dtype="bfloat16"),
     case("sm_80", "tc", 64, 256, 128, M=2, cfg=(64, 8), dtype="bfloat16", scale_dtype="float16"),
+    # K split over a cluster with several tokens: block 0 adds each block's M x rows sums
+    case("sm_90", "tc", 300, 2048, 128, M=7, cfg=(128, 4), variant=Variant(streaming=True, kcluster=2)),
+    case("sm_90", "tc", 100, 1024, 32, True, M=8, cfg=(64, 8), variant=Variant(kcluster=2), dtype="bfloat16"),
+    case("sm_90", "tc", 70, 4096, 128, M=8, cfg=(256, 2), variant=Variant(streaming=True, kcluster=4, xahead=True)),
 ]
 
 TC_BATCH = [
@@ -177,8 +181,8 @@ MUTATIONS = {  # one wrong line each, and a spec whose result depends on it
                       case("sm_90", "tc", 300, 1024, 32, cfg=(64, 2))),
     "group of a lane": ("gemv_tc.hip", "const int fold_chunk = DIAG ? 2 * (t & 1) : t;",
                         "const int fold_chunk = DIAG ? 2 * (t & 1) : 0;", case("sm_90", "tc", 300, 1024, 32, M=3, cfg=(128, 2))),
-    "cluster sum": ("gemv_tc.hip", "for (int c = 0; c < KC; ++c) sum += cluster_part[c][i];",
-                    "for (int c = 0; c < 1; ++c) sum += cluster_part[c][i];",
+    "cluster sum": ("gemv_tc.hip", "for (int c = 0; c < KC; ++c) sum += cluster_part[c][m * ROWS_PER_BLOCK + i];",
+                    "for (int c = 0; c < 1; ++c) sum += cluster_part[c][m * ROWS_PER_BLOCK + i];",
                     make_spec(GemvShape(300, 2048, 32, False), "sm_90", "tc", LaunchConfig(128, 4), Variant(kcluster=2))),
     "mma column block": ("gemv_tc_batch.hip", "NT = (M + 7) / 8;", "NT = 1;", case("sm_90", "tc_batch", 300, 2048, 128, M=9, cfg=(128, 4))),
 }

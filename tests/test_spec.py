@@ -261,16 +261,29 @@ def test_kernel_choice_by_tokens_dtype_and_group(shape, kernel):
 
 
 @pytest.mark.parametrize("shape", [GemvShape(28672, 4096, 128, False, 1, "bfloat16"), GemvShape(28672, 4096, 128, False, 4)])
-def test_raw_a_kcluster_and_x_staging_are_one_tokens(shape):
-    """raw_a's offsets, the cluster K split and x in shared memory hold one token (fp16 or bf16):
-    normalised away for several, so the build, its key and its x staging follow."""
+def test_raw_a_and_x_staging_are_one_tokens(shape):
+    """raw_a's offsets and x in shared memory hold one token (fp16 or bf16): normalised away for
+    several, so the build, its key and its x staging follow. The cluster K split serves any
+    token count (block 0's shared memory holds every block's M x rows sums)."""
     s = make_spec(shape, "sm_90", "tc", CFG, Variant(streaming=True, raw_a=True, kcluster=2), pdl=True, sm_count=132)
     one = shape.M == 1
     assert (s.variant.raw_a, s.param("RAW_A")) == ((True, "true") if one else (False, "false"))
-    assert (s.variant.kcluster, s.param("XSMEM")) == ((2, "true") if one else (1, "false"))
+    assert s.param("XSMEM") == ("true" if one else "false")
+    assert (s.variant.kcluster, s.param("KCLUSTER"), s.grid) == (2, 2, 2 * 28672 // s.rows_per_block)
     assert s.param("M") == shape.M and s.param("BF16") == ("true" if shape.dtype == "bfloat16" else "false")
     plain = make_spec(replace(shape, M=1, dtype="float16"), "sm_90", "tc", CFG, Variant(streaming=True, raw_a=True))
     assert plain.variant.raw_a and plain.key() != s.key()
+
+
+@pytest.mark.parametrize("M,TN", [(1, 4), (8, 8), (8, 16)])
+def test_cluster_sums_fit_shared_memory(M, TN):
+    """With a cluster, block 0 keeps every block's M x rows sums beside its warps' partial sums:
+    the K split leaves room for both under the static shared-memory limit."""
+    from int4jit.spec import STATIC_SMEM_LIMIT
+    s = make_spec(GemvShape(4096, 14336, 128, False, M), "sm_90", "tc", LaunchConfig(512, TN), Variant(kcluster=2))
+    rows = s.rows_per_block
+    assert 4 * M * rows * (s.param("KSPLIT") + 2) <= STATIC_SMEM_LIMIT
+    assert s.param("KSPLIT") == min(16, STATIC_SMEM_LIMIT // (4 * M * rows) - 2)
 
 
 @pytest.mark.parametrize("M", [1, 2, 8])

@@ -87,6 +87,7 @@ constexpr int ZE = RAW_A && DIAG ? 2 : 1;          // zero points a lane folds p
 constexpr u32 MAGIC_128 = 0x43004300u;             // bf16 128.0 in both halves
 constexpr u32 BF2_ONES = 0x3F803F80u;              // bf16 1.0 in both halves
 constexpr int MT = M > 1 ? 2 : 1;                  // tokens a lane folds (D columns 2t, 2t+1)
+constexpr int BLOCK_SUMS = M * ROWS_PER_BLOCK;     // a block's sums: token m, row i at m * ROWS_PER_BLOCK + i
 
 static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
 static_assert(KC == 1 || __CUDA_ARCH__ >= 900, "a K split over the blocks of a cluster needs sm_90");
@@ -95,7 +96,7 @@ static_assert(GROUP < 128 || K % 128 == 0, "GROUP >= 128 implies whole steps");
 static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
 static_assert(!RAW_A || M == 1, "raw_a is one token's");
 static_assert(!XAHEAD || M > 1, "xahead is several tokens' (one token reads x from shared memory or per step)");
-static_assert((!XSMEM && KC == 1) || M == 1, "x staging and cluster K splits are one token's");
+static_assert(!XSMEM || M == 1, "x staging is one token's");
 
 // A scale as fp32, and fp32 as the output type.
 __device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
@@ -474,11 +475,11 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
 // The block's rows (ROWS_PER_BLOCK from row0) into y: the warps' K-split sums are added
 // through shared memory (`partial`, row ks * M + m for warp ks and token m; declared beside x so
 // the streaming build's layout stays as measured). KC > 1: each block of the cluster puts its
-// sums into `cluster_part` of block 0 (distributed shared memory), which adds them after the
-// cluster barrier and stores y. With several tokens lane (g, t) holds tokens 2t and 2t + 1.
+// sums into `cluster_part` of block 0 (distributed shared memory; row rank, token m's row i at
+// m * ROWS_PER_BLOCK + i), which adds them after the cluster barrier and stores y. With several tokens lane (g, t) holds tokens 2t and 2t + 1.
 __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRICT y, long long row0, int ks, int rank,
                                          int g, int t, float (*partial)[ROWS_PER_BLOCK],
-                                         float (*cluster_part)[ROWS_PER_BLOCK]) {
+                                         float (*cluster_part)[BLOCK_SUMS]) {
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
     if constexpr (DIAG) {
 #pragma unroll
@@ -522,7 +523,7 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRI
             if constexpr (KC == 1)
                 y[(long long)m * N + row0 + i] = out_h(sum);
             else
-                cluster_store(&cluster_part[rank][i], 0, sum);
+                cluster_store(&cluster_part[rank][m * ROWS_PER_BLOCK + i], 0, sum);
         });
         if constexpr (KC > 1) {
             cluster_sync();  // every block's sums are in block 0
@@ -530,8 +531,8 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRI
                 each_row([&](int m, int i) {
                     float sum = 0.0f;
 #pragma unroll
-                    for (int c = 0; c < KC; ++c) sum += cluster_part[c][i];
-                    y[row0 + i] = out_h(sum);
+                    for (int c = 0; c < KC; ++c) sum += cluster_part[c][m * ROWS_PER_BLOCK + i];
+                    y[(long long)m * N + row0 + i] = out_h(sum);
                 });
             }
         }
@@ -571,8 +572,8 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
     __shared__ float partial[KSPLIT > 1 ? KSPLIT * M : 1][ROWS_PER_BLOCK];
     // KC > 1: block 0's copy receives every block's sums (a one-element array otherwise).
-    __shared__ float cluster_sums[KC > 1 ? KC * ROWS_PER_BLOCK : 1];
-    float (*cluster_part)[ROWS_PER_BLOCK] = KC > 1 ? (float (*)[ROWS_PER_BLOCK])cluster_sums : nullptr;
+    __shared__ float cluster_sums[KC > 1 ? KC * BLOCK_SUMS : 1];
+    float (*cluster_part)[BLOCK_SUMS] = KC > 1 ? (float (*)[BLOCK_SUMS])cluster_sums : nullptr;
     if constexpr (KC > 1) cluster_arrive_relaxed();  // this block has started (tc_store waits for all)
     float acc[TW][2][MT];
 #pragma unroll
