@@ -233,8 +233,8 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
                   exhaustive: bool = False, pdl: bool = True, base: Variant | None = None) -> list[Variant]:
     """The variants the tuner measures at one (BS, TN) around `base` (the default variant when
     None), base first. The default search flips one field at a time (streaming, one_wave, loads,
-    prefetch, and with several tokens xahead); exhaustive adds kcluster (sm_90) and raw_a
-    combinations."""
+    prefetch, and with several tokens xahead and kcluster); exhaustive adds kcluster 2 and 4
+    (sm_90) and raw_a combinations."""
     if kernel == "tc_batch":  # its one knob: weight loads in flight a lane
         return [SIMT_VARIANT, replace(SIMT_VARIANT, loads=8)]
     if kernel != "tc":
@@ -252,10 +252,13 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
     add(replace(base, loads=8))
     add(replace(base, prefetch=0 if base.prefetch else 1))
     add(replace(base, xahead=not base.xahead))
+    if shape.M > 1:  # several tokens: the cluster K split (stage 1 measures kcluster=2 twins)
+        add(replace(base, kcluster=1 if base.kcluster > 1 else 2))
     if exhaustive:
         add(replace(base, prefetch=2))
         if arch_number(arch) >= 90:
             add(replace(base, kcluster=2))
+            add(replace(base, kcluster=4))
         if base.streaming:
             add(replace(base, raw_a=not base.raw_a))
     return out

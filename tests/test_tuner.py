@@ -313,11 +313,19 @@ def test_search_space_covers_every_spec_tier_4_may_measure():
 
 
 @pytest.mark.parametrize("M", [1, 8])
-def test_stage_one_adds_one_wave_twins_for_several_tokens(M):
+def test_stage_one_adds_one_wave_and_cluster_twins_for_several_tokens(M):
     """Several tokens: each schedule's one_wave twin is measured in stage 1 where the register cap
-    changes the build (a grid of at most 32 waves), and nowhere else; one token: never."""
+    changes the build (a grid of at most 32 waves), and nowhere else, and its kcluster=2 twin
+    everywhere (sm_90); one token: neither."""
     shape = GemvShape(28672, 4096, 128, False, M)
     grid = tuner.grid_specs(shape, "sm_90", "tc", pdl=True)
+    clustered = [s for s in grid if s.variant.kcluster == 2]
+    schedules = {(c, v) for c in candidate_grid(False) for v in tuner.schedules(shape, "tc", c, "sm_90", True)}
+    assert {(s.config, dataclasses.replace(s.variant, kcluster=1)) for s in clustered} == (schedules if M > 1 else set())
+    assert all(s.grid == 2 * -(-shape.N // s.rows_per_block) for s in clustered)
+    assert not tuner.grid_specs(shape, "sm_80", "tc", pdl=False) or not any(
+        s.variant.kcluster > 1 for s in tuner.grid_specs(shape, "sm_80", "tc", pdl=False))  # no clusters before sm_90
+    grid = [s for s in grid if s.variant.kcluster == 1]
     plain = [s for s in grid if not s.variant.one_wave]
     capped = [s for s in grid if s.variant.one_wave]
     assert {(s.config, s.variant) for s in plain} == {(c, v) for c in candidate_grid(False)
