@@ -45,7 +45,8 @@ class Variant:
     streaming  each load slot refilled as soon as it is used, x staged in shared memory, 256-byte
                L2 fetches (large g >= 128 shapes: 3-12% faster on the H200)
     raw_a      A = raw (1024 + q) pairs, offsets removed after the mma (streaming, >= 2 tiles a warp)
-    kcluster   blocks of a sm_90 cluster splitting one row block's K (1, 2 or 4; K-long g32 tails)
+    kcluster   blocks of a sm_90 cluster splitting one row block's K (1, 2 or 4; K-long g32 tails,
+               several tokens on shapes of few row blocks: searched by default there)
     one_wave   registers capped so a one-wave grid fits (a few g32 shapes)
     loads      16-byte weight loads a lane keeps in flight (4 or 8)
     prefetch   batches of weights asked into L2 before waiting for the previous kernel (0-2)
