@@ -96,6 +96,7 @@ TC = [
     case("sm_90", "tc", 300, 2048, 128, M=7, cfg=(128, 4), variant=Variant(streaming=True, kcluster=2)),
     case("sm_90", "tc", 100, 1024, 32, True, M=8, cfg=(64, 8), variant=Variant(kcluster=2), dtype="bfloat16"),
     case("sm_90", "tc", 70, 4096, 128, M=8, cfg=(256, 2), variant=Variant(streaming=True, kcluster=4, xahead=True)),
+    case("sm_90", "tc", 70, 1024, 128, M=4, cfg=(32, 4), variant=Variant(kcluster=2)),   # one warp a block
 ]
 
 TC_BATCH = [

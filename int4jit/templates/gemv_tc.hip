@@ -570,7 +570,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     const int rank = KC > 1 ? blockIdx.x % KC : 0;
     const long long row0 = (long long)(blockIdx.x / KC) * ROWS_PER_BLOCK;
     __shared__ u32x4 xs[XSMEM ? K / 8 : 1];  // x, when staged (XSMEM)
-    __shared__ float partial[KSPLIT > 1 ? KSPLIT * M : 1][ROWS_PER_BLOCK];
+    __shared__ float partial[KSPLIT > 1 || KC > 1 ? KSPLIT * M : 1][ROWS_PER_BLOCK];  // tc_store's sums
     // KC > 1: block 0's copy receives every block's sums (a one-element array otherwise).
     __shared__ float cluster_sums[KC > 1 ? KC * BLOCK_SUMS : 1];
     float (*cluster_part)[BLOCK_SUMS] = KC > 1 ? (float (*)[BLOCK_SUMS])cluster_sums : nullptr;
