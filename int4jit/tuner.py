@@ -381,24 +381,25 @@ def grid_specs(shape: GemvShape, arch: str, kernel: str, device=None, exhaustive
     schedule's one_wave twin where it caps registers: their builds need a few more registers than
     one token's, which can push a grid just past one wave (H200, M = 8, 28672x4096: (128,4)
     streaming 35.6 us, with one_wave 20.1; stage 2 flips one_wave only at stage 1's winner), and on
-    sm_90 each schedule's kcluster=2 twin: K split over two blocks of a cluster doubles the warps
-    a row block has, which several tokens need most on K-long shapes (H200, M = 8 over M = 1:
-    4096x14336 1.41 -> 1.10 at (256,4,kcluster=2), 5120x17920 1.38 -> 1.15, 4096x4096 1.22 -> 1.10;
-    the winners lie at another (BS, TN) than stage 1's winner without it)."""
+    sm_90 each schedule's kcluster=2 twin (with its one_wave twin): K split over two blocks of a
+    cluster doubles the warps a row block has, which several tokens need most on K-long shapes
+    (H200, M = 8 over M = 1: 4096x14336 1.41 -> 1.10 at (256,4,kcluster=2,one_wave,xahead),
+    5120x17920 1.38 -> 1.15, 4096x4096 1.22 -> 1.10, each best with one_wave; the winners lie
+    at another (BS, TN) than stage 1's winner without clusters)."""
     sms = device.sm_count if device is not None else None
     first = heuristic(shape, arch, kernel, device, exhaustive)
     configs = [first] + [c for c in candidate_grid(exhaustive) if c != first]
     specs = []
+    several = kernel == "tc" and shape.M > 1
     for c in configs:
-        for v in schedules(shape, kernel, c, arch, pdl):
-            spec = make_spec(shape, arch, kernel, c, v, pdl=pdl, sm_count=sms)
-            specs.append(spec)
-            if kernel == "tc" and shape.M > 1 and not v.one_wave:
-                capped = make_spec(shape, arch, kernel, c, replace(v, one_wave=True), pdl=pdl, sm_count=sms)
-                if capped.param("KERNEL_ATTRS") != spec.param("KERNEL_ATTRS"):
-                    specs.append(capped)
-            if kernel == "tc" and shape.M > 1:
-                specs.append(make_spec(shape, arch, kernel, c, replace(v, kcluster=2), pdl=pdl, sm_count=sms))
+        for sched in schedules(shape, kernel, c, arch, pdl):
+            for v in (sched, replace(sched, kcluster=2)) if several else (sched,):
+                spec = make_spec(shape, arch, kernel, c, v, pdl=pdl, sm_count=sms)
+                specs.append(spec)
+                if several and not v.one_wave:
+                    capped = make_spec(shape, arch, kernel, c, replace(v, one_wave=True), pdl=pdl, sm_count=sms)
+                    if capped.param("KERNEL_ATTRS") != spec.param("KERNEL_ATTRS"):
+                        specs.append(capped)
     return list(dict.fromkeys(specs))
 
 
