@@ -476,7 +476,8 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
 // through shared memory (`partial`, row ks * M + m for warp ks and token m; declared beside x so
 // the streaming build's layout stays as measured). KC > 1: each block of the cluster puts its
 // sums into `cluster_part` of block 0 (distributed shared memory; row rank, token m's row i at
-// m * ROWS_PER_BLOCK + i), which adds them after the cluster barrier and stores y. With several tokens lane (g, t) holds tokens 2t and 2t + 1.
+// m * ROWS_PER_BLOCK + i), which adds them after the cluster barrier and stores y. With several
+// tokens lane (g, t) holds tokens 2t and 2t + 1.
 __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRICT y, long long row0, int ks, int rank,
                                          int g, int t, float (*partial)[ROWS_PER_BLOCK],
                                          float (*cluster_part)[BLOCK_SUMS]) {
