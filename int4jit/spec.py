@@ -57,8 +57,6 @@ class Variant:
                where it measures nothing; an override may name it.
     xahead     several tokens: x of a warp's next step loaded while this one computes (H200, M=8
                g128, tuned: the pick at 16384x2048 bf16, 9.07 -> 8.53 us; not on 11 other tunes)
-    xhalf      bf16 x staged in shared memory as fp16 times a power of two (one token, streaming
-               builds where x fits): the weights and the mma are the fp16 path's, y is scaled back
     """
     streaming: bool = False
     raw_a: bool = False
@@ -68,7 +66,6 @@ class Variant:
     prefetch: int = 0
     early: bool = False
     xahead: bool = False
-    xhalf: bool = False
 
     def text(self, base: "Variant | None" = None) -> str:
         """Only the fields that differ from `base` (the defaults): 'streaming=1,kcluster=2'."""
@@ -82,7 +79,7 @@ class Variant:
 
 VARIANT_RANGES = {"streaming": (0, 1), "raw_a": (0, 1), "kcluster": (1, 2, 4), "one_wave": (0, 1),
                   "loads": (4, 8), "prefetch": (0, 1, 2), "early": (0, 1),
-                  "xahead": (0, 1), "xhalf": (0, 1)}
+                  "xahead": (0, 1)}
 SIMT_VARIANT = Variant(prefetch=0)
 
 
@@ -218,13 +215,7 @@ def default_variant(shape: GemvShape, kernel: str, config: LaunchConfig) -> Vari
     streaming = shape.group >= 128 and shape.K >= TC_STREAM_MIN_K
     raw_a = (streaming and config.TN // 2 >= TC_RAW_MIN_TILES and shape.K >= TC_RAW_MIN_K
              and shape.N * shape.K >= TC_RAW_MIN_WEIGHTS)
-    return Variant(streaming=streaming, raw_a=raw_a, xhalf=_xhalf_default(shape, streaming))
-
-
-def _xhalf_default(shape: GemvShape, streaming: bool) -> bool:
-    """bf16 x converted to fp16 as it is staged, wherever it is staged (one token, streaming):
-    the fp16 path's dequantisation (docs/performance.md, Several tokens and bf16)."""
-    return streaming and shape.dtype == "bfloat16" and shape.M == 1
+    return Variant(streaming=streaming, raw_a=raw_a)
 
 
 def schedules(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str, pdl: bool = True) -> list[Variant]:
@@ -235,8 +226,7 @@ def schedules(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str, pd
     if kernel != "tc":
         return [base]
     out = [normalise_variant(shape, config, arch, v, pdl)
-           for v in (base, replace(base, streaming=not base.streaming, raw_a=False,
-                                   xhalf=_xhalf_default(shape, not base.streaming)))]
+           for v in (base, replace(base, streaming=not base.streaming, raw_a=False))]
     return list(dict.fromkeys(out))
 
 
@@ -244,7 +234,7 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
                   exhaustive: bool = False, pdl: bool = True, base: Variant | None = None) -> list[Variant]:
     """The variants the tuner measures at one (BS, TN) around `base` (the default variant when
     None), base first. The default search flips one field at a time (streaming, one_wave, loads,
-    prefetch, xhalf for bf16, and with several tokens xahead and kcluster); exhaustive adds kcluster 2 and 4
+    prefetch, and with several tokens xahead and kcluster); exhaustive adds kcluster 2 and 4
     (sm_90) and raw_a combinations."""
     if kernel == "tc_batch":  # its one knob: weight loads in flight a lane
         return [SIMT_VARIANT, replace(SIMT_VARIANT, loads=8)]
@@ -263,7 +253,6 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
     add(replace(base, loads=8))
     add(replace(base, prefetch=0 if base.prefetch else 1))
     add(replace(base, xahead=not base.xahead))
-    add(replace(base, xhalf=not base.xhalf))
     if shape.M > 1:  # several tokens: the cluster K split (stage 1 measures kcluster=2 twins)
         add(replace(base, kcluster=1 if base.kcluster > 1 else 2))
     if exhaustive:
@@ -283,8 +272,7 @@ def arch_number(arch: str) -> int:
 def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant, pdl: bool = True) -> Variant:
     """The variant as it will be built: fields that cannot apply are reset (raw_a needs
     streaming and one token; kcluster needs sm_90 and K of two steps or more;
-    prefetch and early need PDL on sm_90; early streams; xahead needs several tokens; xhalf needs
-    bf16 activations, one token and streaming, and _tc_spec drops it where x does not fit shared memory)."""
+    prefetch and early need PDL on sm_90; early streams; xahead needs several tokens)."""
     if v.raw_a and (not v.streaming or shape.M > 1):
         v = replace(v, raw_a=False)
     if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster):
@@ -297,8 +285,6 @@ def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Vari
         v = replace(v, streaming=True)
     if v.xahead and shape.M == 1:
         v = replace(v, xahead=False)
-    if v.xhalf and (shape.dtype != "bfloat16" or shape.M > 1 or not v.streaming):
-        v = replace(v, xhalf=False)
     return v
 
 
@@ -350,17 +336,13 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
     per_warp = _ceil(steps, ksplit * kc)
     unroll = max(1, min(v.loads // (2 * tw), per_warp))
     # x (one token) in shared memory where it fits the static limit beside the K-split partial sums.
-    xsmem = v.streaming and shape.M == 1 and (2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block
-                                              + 4 * ksplit * v.xhalf <= STATIC_SMEM_LIMIT)
-    if v.xhalf and not xsmem:
-        v = replace(v, xhalf=False)
+    xsmem = v.streaming and shape.M == 1 and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
     grid = kc * _ceil(shape.N, rows_per_block)
     min_blocks = _ceil(grid, sm_count) if v.one_wave and _ceil(grid, sm_count) <= 32 else 0
     params = (("M", shape.M), *_dtype_params(shape),
               ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", _cpp(shape.group < 128)),
               ("STREAMING", _cpp(v.streaming)), ("XSMEM", _cpp(xsmem)), ("RAW_A", _cpp(v.raw_a)),
               ("KCLUSTER", kc), ("PREFETCH", v.prefetch), ("EARLY", _cpp(v.early)), ("XAHEAD", _cpp(v.xahead)),
-              ("XHALF", _cpp(v.xhalf)),
               ("KERNEL_ATTRS", (f"__cluster_dims__({kc}, 1, 1) " if kc > 1 else "")
                + (f"__launch_bounds__({cfg.BS}, {min_blocks})" if min_blocks else f"__launch_bounds__({cfg.BS})")))
     return KernelSpec(

@@ -32,11 +32,6 @@
 // D - C - z S. Exact products still; the sums lose ~7 bits of fp32 to the 1024 offset. bf16:
 // A = 128 + q on both nibbles, C = 128 S. One token only (C and S are per token).
 // XPERM: x is staged in shared memory already paired as the mma's B wants it (no PRMT per step).
-// XHALF (the variant field `xhalf`, bf16 x staged in shared memory): x is staged as fp16 times
-// 2^(141 - E), E the largest biased exponent of x (at least 15), so its largest value is below
-// 2^15 and every value within 2^28 of it converts exactly; the weights and the mma are then the
-// fp16 path's (bf16 makes each nibble with a shift and a LOP3: the fp16 path's 1024 + 16q pairs
-// have no bf16 twin, its mantissa is 7 bits) and y is multiplied back by 2^(E - 141).
 // XAHEAD (the variant field `xahead`, several tokens): a warp's next step's x is loaded into
 // registers while this step computes, instead of at the top of the step that uses it.
 // WIDE_SCALES: on the diagonal, a lane folds two adjacent chunks of a row; with whole steps their
@@ -52,10 +47,8 @@ constexpr int K = ${K};
 constexpr int GROUP = ${GROUP};
 constexpr bool SYMMETRIC = ${SYMMETRIC};
 constexpr int M = ${M};                  // tokens
-constexpr bool BF16 = ${BF16};           // x, y (and unless XHALF the mma) in bf16, else fp16
+constexpr bool BF16 = ${BF16};           // x, y and the mma in bf16 (else fp16)
 constexpr bool SCALE_BF16 = ${SCALE_BF16};
-constexpr bool XHALF = ${XHALF};         // bf16 x staged as scaled fp16: the mma in fp16
-constexpr bool MMA_BF16 = BF16 && !XHALF;  // A, B and the mma step in bf16
 constexpr int KSPLIT = ${KSPLIT};        // warps of a block; they split K
 constexpr int KC = ${KCLUSTER};          // blocks of a cluster that split one row block's K (sm_90)
 constexpr int KSPLIT_ALL = KSPLIT * KC;  // warps that split one row block's K
@@ -66,7 +59,7 @@ constexpr bool STREAMING = ${STREAMING}; // reload each load slot as soon as it 
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
 constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets come off after the mma
 constexpr bool XPERM = XSMEM;            // staged x is already paired for B
-constexpr bool XWARP = XSMEM && !RAW_A && !XHALF;  // each warp stages its own steps' x, before its weights
+constexpr bool XWARP = XSMEM && !RAW_A;  // each warp stages its own steps' x, before its weights
 constexpr int PREFETCH = ${PREFETCH};    // batches of weights asked into L2 before the grid-dependency wait
 constexpr bool EARLY = ${EARLY};         // first weights loaded before the wait; dependents launched at start
 constexpr bool XAHEAD = ${XAHEAD};       // several tokens: x of a warp's next step loaded while this one computes
@@ -104,19 +97,18 @@ static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
 static_assert(!RAW_A || M == 1, "raw_a is one token's");
 static_assert(!XAHEAD || M > 1, "xahead is several tokens' (one token reads x from shared memory or per step)");
 static_assert(!XSMEM || M == 1, "x staging is one token's");
-static_assert(!XHALF || (BF16 && XSMEM), "xhalf converts bf16 x as it is staged in shared memory");
 
 // A scale as fp32, and fp32 as the output type.
 __device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
 __device__ __forceinline__ u16 out_h(float f) { return BF16 ? f_to_bf16(f) : f_to_h(f); }
 // SCALED: a scale in the activation type, in both halves; an A pair (q - z) times it.
 __device__ __forceinline__ u32 scale_pair(u16 s) {
-    if constexpr (SCALE_BF16 == MMA_BF16) return s * 0x00010001u;
-    return (MMA_BF16 ? f_to_bf16(scale_f(s)) : f_to_h(scale_f(s))) * 0x00010001u;
+    if constexpr (SCALE_BF16 == BF16) return s * 0x00010001u;
+    return (BF16 ? f_to_bf16(scale_f(s)) : f_to_h(scale_f(s))) * 0x00010001u;
 }
 __device__ __forceinline__ u32 tc_scale(u32 a, u32 s2) {
     if constexpr (!SCALED) return a;
-    return MMA_BF16 ? bf2_fma(a, s2, 0x80008000u) : h2_fma(a, s2, 0x80008000u);
+    return BF16 ? bf2_fma(a, s2, 0x80008000u) : h2_fma(a, s2, 0x80008000u);
 }
 
 // Weights; streaming builds add a 256-byte L2 fetch hint (a miss brings the neighbouring sectors).
@@ -138,7 +130,7 @@ __device__ __forceinline__ u32x4 load_x16(const void* p) {
 // Zero point z as the fp16x2 words that turn (1024 + q) and (1024 + 16q) into q - z; bf16:
 // -(128 + z) in both, for 128 + q.
 __device__ __forceinline__ void tc_zero_words(u32 z, u32& zlo, u32& zhi_neg) {
-    if constexpr (MMA_BF16) {
+    if constexpr (BF16) {
         zlo = zhi_neg = (0xC300u | z) * 0x00010001u;
     } else {
         zlo = (0x6400u | z) * 0x00010001u;
@@ -156,7 +148,7 @@ __device__ __forceinline__ u32 bf16_nibble_pair(u32 q, int i) { return ((q >> (4
 // One 8-nibble word of rows g (qa) and g+8 (qb) against x pairs (x0,x4) (x1,x5) (x2,x6) (x3,x7).
 __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u32 za_hi, u32 zb_lo,
                                         u32 zb_hi, u32 x04, u32 x15, u32 x26, u32 x37, u32 sa2 = 0, u32 sb2 = 0) {
-    if constexpr (MMA_BF16) {
+    if constexpr (BF16) {
         // Nibble pair i (k_i, k_i+4) as (128 + q) - (128 + z), exact in bf16.
         u32 a[4], b[4];
 #pragma unroll
@@ -180,7 +172,7 @@ __device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u
 // RAW_A: the same word with A = (1024 + q) on even k and (64 + q) on odd k, one LOP3 per pair
 // (bf16: 128 + q on both, the nibble shifted down first).
 __device__ __forceinline__ void tc_word_raw(float d[4], u32 qa, u32 qb, u32 x04, u32 x15, u32 x26, u32 x37) {
-    if constexpr (MMA_BF16) {
+    if constexpr (BF16) {
         u32 a[4], b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -202,19 +194,19 @@ __device__ __forceinline__ void tc_word_raw(float d[4], u32 qa, u32 qb, u32 x04,
 // lane's D columns become C = 1024 E + 64 O (bf16: 128 (E + O)) in cs[seg][0..1] and S = E + O
 // in cs[seg][2..3].
 __device__ __forceinline__ void tc_offsets(float (&cs)[SEGS][4], const u32 (&xp)[4][4], u32 keep) {
-    const u32 ones = (MMA_BF16 ? BF2_ONES : H2_ONES) & keep;
+    const u32 ones = (BF16 ? BF2_ONES : H2_ONES) & keep;
 #pragma unroll
     for (int seg = 0; seg < SEGS; ++seg) {
         float eo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int jj = 0; jj < SEG_WORDS; ++jj) {
             const int j = seg * SEG_WORDS + jj;
-            if constexpr (MMA_BF16) mma_16816_bf16(eo, xp[j][0], xp[j][1], xp[j][2], xp[j][3], ones, ones);
+            if constexpr (BF16) mma_16816_bf16(eo, xp[j][0], xp[j][1], xp[j][2], xp[j][3], ones, ones);
             else mma_16816(eo, xp[j][0], xp[j][1], xp[j][2], xp[j][3], ones, ones);
         }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            cs[seg][e] = MMA_BF16 ? 128.0f * (eo[e] + eo[2 + e]) : fmaf(1024.0f, eo[e], 64.0f * eo[2 + e]);
+            cs[seg][e] = BF16 ? 128.0f * (eo[e] + eo[2 + e]) : fmaf(1024.0f, eo[e], 64.0f * eo[2 + e]);
             cs[seg][2 + e] = eo[e] + eo[2 + e];
         }
     }
@@ -253,34 +245,6 @@ __device__ __forceinline__ void tc_mask_pairs(u32 (&xp)[4][4], u32 keep) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) xp[j][i] &= keep;
     }
-}
-
-// XHALF: x into shared memory as fp16 times 2^(141 - E), paired for B (E: the largest biased
-// exponent of x, at least 15, over the block's warps through `top`). Returns y's factor 2^(E - 141).
-__device__ __forceinline__ float tc_stage_half(u32x4* xs, const u16* I4_RESTRICT x, float* top) {
-    u32 big = 0;  // the largest |x| bits seen (bf16: the exponent is bits 7-14)
-    for (int i = threadIdx.x; i < K / 8; i += BS) {
-        const u32x4 v = load_x16<false>(x + 8 * i);
-        xs[i] = v;
-        auto see = [&](u32 w) { big = max(big, max(w & 0x7FFFu, (w >> 16) & 0x7FFFu)); };
-        see(v.x); see(v.y); see(v.z); see(v.w);
-    }
-    float e = (float)(big >> 7);
-    for (int m = 16; m > 0; m /= 2) e = fmaxf(e, warp_xor(e, m));
-    if (threadIdx.x % 32 == 0) top[threadIdx.x / 32] = e;
-    __syncthreads();
-    for (int k = 0; k < KSPLIT; ++k) e = fmaxf(e, top[k]);
-    const int E = max((int)e, 15);  // x < 2^-112 everywhere: 2^126 is as far as one float scales
-    const float pre = bits_to_f((u32)(268 - E) << 23);
-    auto half2 = [&](u32 w) {
-        return (u32)f_to_h(bf16_to_f((u16)w) * pre) | (u32)f_to_h(bf16_to_f((u16)(w >> 16)) * pre) << 16;
-    };
-    for (int i = threadIdx.x; i < K / 8; i += BS) {
-        const u32x4 v = xs[i];
-        xs[i] = tc_pair_x(u32x4{half2(v.x), half2(v.y), half2(v.z), half2(v.w)});
-    }
-    __syncthreads();
-    return bits_to_f((u32)(E - 14) << 23);
 }
 
 // One step of one 16-row tile: rows g and g+8, two mma steps per word pair, D scaled per group
@@ -344,12 +308,10 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2][MT], const u32 (&wq)[2][
 // STREAMING: each slot is reloaded with the next batch's data as soon as it has been used, so a
 // warp's loads stay in flight while it computes (same registers); else a batch's loads are all
 // issued, then all used. XSMEM: x staged in shared memory while the first batch is in flight.
-// Returns the factor y takes (XHALF: 2^(E - 141); else 1).
 template <bool TAIL>
-__device__ __forceinline__ float tc_rows(float (&acc)[TW][2][MT], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
-                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
-                                         long long row0, int ks, int g, int t, u32x4* xs, float* xtop) {
-    float yscale = 1.0f;
+__device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
+                                        const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
+                                        long long row0, int ks, int g, int t, u32x4* xs) {
     long long rows[TW][2];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw)
@@ -460,9 +422,7 @@ __device__ __forceinline__ float tc_rows(float (&acc)[TW][2][MT], const u16* I4_
         // while it is in flight.
         if constexpr (STREAMING) load_batch(s_begin);
         if constexpr (EARLY) I4_GRID_WAIT();  // x (read below or per step) after the first weights
-        if constexpr (XHALF) {
-            yscale = tc_stage_half(xs, x, xtop);
-        } else if constexpr (XPERM) {
+        if constexpr (XPERM) {
             for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_x16<false>(x + 8 * i));
             __syncthreads();
         }
@@ -510,7 +470,6 @@ __device__ __forceinline__ float tc_rows(float (&acc)[TW][2][MT], const u16* I4_
             }
         }
     }
-    return yscale;
 }
 
 // The block's rows (ROWS_PER_BLOCK from row0) into y: the warps' K-split sums are added
@@ -615,7 +574,6 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     __shared__ float partial[KSPLIT > 1 || KC > 1 ? KSPLIT * M : 1][ROWS_PER_BLOCK];  // tc_store's sums
     // KC > 1: block 0's copy receives every block's sums (a one-element array otherwise).
     __shared__ float cluster_sums[KC > 1 ? KC * BLOCK_SUMS : 1];
-    __shared__ float xtop[XHALF ? KSPLIT : 1];  // XHALF: each warp's largest exponent of x
     float (*cluster_part)[BLOCK_SUMS] = KC > 1 ? (float (*)[BLOCK_SUMS])cluster_sums : nullptr;
     if constexpr (KC > 1) cluster_arrive_relaxed();  // this block has started (tc_store waits for all)
     float acc[TW][2][MT];
@@ -628,15 +586,10 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     if constexpr (EARLY) I4_GRID_LAUNCH_DEPENDENTS();
     if constexpr (PREFETCH > 0) tc_prefetch(w, row0, rank * KSPLIT + ks, g, t);
     if constexpr (!EARLY) I4_GRID_WAIT();  // the previous kernel's writes (x) are visible after this
-    const float yscale = N % ROWS_PER_BLOCK != 0 && blockIdx.x / KC == gridDim.x / KC - 1
-        ? tc_rows<true>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs, xtop)
-        : tc_rows<false>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs, xtop);
-    if constexpr (XHALF) {
-#pragma unroll
-        for (int tw = 0; tw < TW; ++tw)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) acc[tw][h][0] *= yscale;
-    }
+    if (N % ROWS_PER_BLOCK != 0 && blockIdx.x / KC == gridDim.x / KC - 1)
+        tc_rows<true>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
+    else
+        tc_rows<false>(acc, x, w, scales, zeros, row0, rank * KSPLIT + ks, g, t, xs);
     // This block's loads are done: the next kernel may launch. Triggering at the start instead
     // measured 1.5 us slower per small call and 4-7% on large ones (docs/performance.md).
     if constexpr (!EARLY) I4_GRID_LAUNCH_DEPENDENTS();
