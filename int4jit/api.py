@@ -353,7 +353,9 @@ class GemvWeights:
         self._args = PackedArgs([0, infos[1].ptr, infos[2].ptr, 0 if zeros is None else infos[3].ptr, 0])
         self._values = self._args.values
         self._launches: dict = {}      # (tokens, dtype, environment state) -> launch
-        self._out_shapes: dict = {}    # x.shape -> y's shape (making it costs ~1 us a call)
+        # x.shape -> one element of x's dtype expanded to y's shape: torch.empty_like of it is the
+        # cheapest allocation from Python (0.9 us against 1.8 for new_empty of a torch.Size)
+        self._out_like: dict = {}
         self._dense_launch: dict = {}  # output dtype -> the dequantising launch
         self._lock = threading.Lock()
 
@@ -411,12 +413,12 @@ class GemvWeights:
         """y for an x the caller has checked as __call__ does (its dtype, device, [..., K] holding
         `tokens` tokens, contiguous; no perm to apply): Int4Linear's one-token call."""
         if out is None:
-            shape = self._out_shapes.get(x.shape)
-            if shape is None:
-                if len(self._out_shapes) >= 64:
-                    self._out_shapes.clear()
-                shape = self._out_shapes[x.shape] = x.shape[:-1] + (self.N,)
-            out = x.new_empty(shape)
+            like = self._out_like.get(x.shape)
+            if like is None or like.dtype is not x.dtype:
+                if len(self._out_like) >= 64:
+                    self._out_like.clear()
+                like = self._out_like[x.shape] = x.new_empty(1).expand(*x.shape[:-1], self.N)
+            out = self._torch.empty_like(like, memory_format=self._torch.contiguous_format)
         x_ptr = x.data_ptr()
         if x_ptr & 15:  # a view at an odd offset: the kernel reads x in 16-byte loads
             validate_x(x, self.K, self.device_index)

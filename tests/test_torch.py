@@ -167,7 +167,7 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
     layer = object.__new__(int4jit.GemvWeights)
     layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, 128, False), w=mod.w, scales=mod.scales, zeros=mod.zeros,
                           perm=None, device_index=-1, device=None, N=N, K=K, _stream_of=lambda i: 0x50,
-                          _args=PackedArgs([0, 1, 2, 3, 0]), _launches={}, _out_shapes={}, _lock=threading.Lock())
+                          _args=PackedArgs([0, 1, 2, 3, 0]), _launches={}, _out_like={}, _lock=threading.Lock())
     layer._values = layer._args.values
     monkeypatch.setattr(api, "kernel_for", kernel_for)
     mod._layer = layer
