@@ -156,8 +156,9 @@ def test_torch_calls_with_new_activations_reuse_the_prepared_weights(monkeypatch
         assert int4jit.gemv(xs, w, s, z, out=out, stream=77) is out
         assert launched[-1] == ([xs.data_ptr(), w.data_ptr(), s.data_ptr(), z.data_ptr(), out.data_ptr()], 77)
         w.set_(torch.ones(N, K // 2, dtype=torch.uint8))  # new storage, same object: followed
-        int4jit.gemv(x, w, s, z)
+        y2 = int4jit.gemv(x, w, s, z)
         assert launched[-1][0][1] == w.data_ptr()
+        assert y2.shape == (N,) and y2.is_contiguous() and y2.data_ptr() != y.data_ptr()  # a new y each call
         assert planned == [(1, "float16", None, None), (3, "bfloat16", None, None)]  # one plan per tokens and dtype
         monkeypatch.setenv("INT4JIT_CONFIG", "128,4")
         int4jit.gemv(x, w, s, z)

@@ -171,20 +171,24 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
     layer._values = layer._args.values
     monkeypatch.setattr(api, "kernel_for", kernel_for)
     mod._layer = layer
-    for x in (torch.randn(1, 1, K).half(), torch.randn(K).half(), torch.randn(1, 3, K).to(torch.bfloat16)):
+    kept = []  # every y stays alive: each call's must be memory of its own
+    for x in (torch.randn(1, 1, K).half(), torch.randn(K).half(), torch.randn(1, 3, K).to(torch.bfloat16),
+              torch.randn(1, 1, K).half()):
         y = mod(x)
-        assert y.shape == x.shape[:-1] + (N,) and y.dtype == x.dtype
+        assert y.shape == x.shape[:-1] + (N,) and y.dtype == x.dtype and y.is_contiguous()
+        assert y.data_ptr() not in {k.data_ptr() for k in kept}
+        kept.append(y)
         values, stream, shape = launched[-1]
         assert values == [x.data_ptr(), 1, 2, 3, y.data_ptr()] and stream == 0x50
         assert (shape.M, shape.dtype) == (x.numel() // K, str(x.dtype).removeprefix("torch."))
-    assert len(launched) == 3
+    assert len(launched) == 4
     y = mod(torch.randn(5, K).half())  # no kernel here: dequantise + matmul, and remembered
-    assert y.shape == (5, N) and mod._no_kernel == {(torch.float16, 5)} and len(launched) == 3
+    assert y.shape == (5, N) and mod._no_kernel == {(torch.float16, 5)} and len(launched) == 4
     mod(torch.randn(K).half())
-    assert len(launched) == 4  # the other calls still launch
+    assert len(launched) == 5  # the other calls still launch
     mod.w = mod.w.clone()  # the weights moved: the prepared layer holds the old buffer
     y = mod(torch.randn(K).half())  # on the CPU that is the dequantising fallback
-    assert len(launched) == 4 and y.shape == (N,)
+    assert len(launched) == 5 and y.shape == (N,)
 
 
 def test_gradients_flow_to_x_through_every_path():
