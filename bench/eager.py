@@ -1,5 +1,6 @@
-"""Eager per-call wall time (host-bound loop, synchronized, median of 5 runs of 2000 calls) of
-int4jit's torch entry points against torch's own, at one shape (default 4096x4096, g=128):
+"""Eager per-call wall time (host-bound loop of 2000 calls then a synchronize; the rows measured
+in turn, 7 rounds, median per row) of int4jit's torch entry points against torch's own, at one
+shape (default 4096x4096, g=128):
 
   gemv, same x and out= tensor objects every call   (the per-call fast path)
   gemv, a new x and a new out every call             (as a model makes it; the allocation is
@@ -8,7 +9,10 @@ int4jit's torch entry points against torch's own, at one shape (default 4096x409
   torch tinygemm (_weight_int4pack_mm, bf16), same x / a new x every call
   F.linear fp16 (GPU-bound at this size: the weights are 4x the bytes)
 
-    python3 bench/eager.py [--shape 4096x4096] [--group 128] [--calls 2000] [--no-write]
+    python3 bench/eager.py [--shape 4096x4096] [--group 128] [--calls 2000] [--rounds 7] [--no-write]
+
+A shared host drifts by up to 50% between runs (bench/RESULTS.md); measuring every row once per
+round keeps the comparison between rows fair within a run.
 
 Writes the "Eager per call" section of bench/RESULTS.md and bench/results/eager-<date>.json."""
 import argparse
@@ -24,17 +28,13 @@ from common import RESULTS_DIR, gpu_or_exit, tinygemm_mm, tinygemm_pack, write_s
 
 
 def per_call(fn, n, torch):
-    """µs of host wall time per fn() call: n calls then a synchronize, median of 5 runs."""
-    fn()
+    """µs of host wall time per fn() call over n calls then a synchronize."""
     torch.cuda.synchronize()
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(runs)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def main():
@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--shape", default="4096x4096", help="NxK (default 4096x4096)")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=7, help="each row measured once per round; median")
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args()
     torch = gpu_or_exit("eager.py")
@@ -58,10 +59,13 @@ def main():
     out = torch.empty(N, dtype=torch.float16, device="cuda")
     rows = {}
 
-    def measure(name, fn):
+    fns = {}
+
+    def measure(name, fn):  # registered here, run in rounds below; a failing path is reported once
         try:
-            rows[name] = per_call(fn, n, torch)
-            print(f"{name:48s} {rows[name]:8.2f} µs/call", flush=True)
+            fn()
+            torch.cuda.synchronize()
+            fns[name] = fn
         except Exception as e:  # one failing path is reported, the others still run  # noqa: BLE001
             rows[name + " (error)"] = repr(e)[:200]
             print(f"{name:48s} failed: {e!r}"[:300], flush=True)
@@ -89,6 +93,13 @@ def main():
         print("tinygemm unavailable:", e)
     W16 = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
     measure("F.linear fp16, same x", lambda: torch.nn.functional.linear(x2, W16))
+    times = {name: [] for name in fns}
+    for _ in range(args.rounds):
+        for name, fn in fns.items():
+            times[name].append(per_call(fn, n, torch))
+    for name, ts in times.items():
+        rows[name] = statistics.median(ts)
+        print(f"{name:48s} {rows[name]:8.2f} µs/call  (rounds {min(ts):.2f}..{max(ts):.2f})", flush=True)
 
     if args.no_write:
         return
@@ -99,7 +110,7 @@ def main():
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / f"eager-{date}.json").write_text(json.dumps(doc, indent=1))
     lines = [f"{device}, {date}, {N}×{K} g{G}: host wall time per call, {n} calls then a synchronize, "
-             f"median of 5 (`python3 bench/eager.py`)", "", "| call | µs |", "|---|---|"]
+             f"rows in turn, median of {args.rounds} rounds (`python3 bench/eager.py`)", "", "| call | µs |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows.items()]
     write_section("Eager per call", "\n".join(lines))
 
