@@ -60,18 +60,32 @@ def kernel_for(dev, shape: GemvShape, config, stream: int, fixed_weights: bool =
     return k
 
 
+def y_like(x, N: int):
+    """One element of x's dtype on x's device, expanded to y's shape [..., N]: torch.empty_like of
+    it (contiguous format) is the cheapest new y from Python, 0.9 us on the dev machine against
+    1.3 for x.new_empty(tuple) and 1.8 for x.new_empty(torch.Size)."""
+    return x.new_empty(1).expand(*x.shape[:-1], N)
+
+
 def new_y(torch, likes: dict, x, N: int):
-    """A new contiguous y [..., N] for x [..., K], in x's dtype on x's device: torch.empty_like of
-    one element expanded to y's shape, kept in `likes` per x shape. The cheapest allocation from
-    Python: 0.9 us on the dev machine against 1.3 for x.new_empty(tuple) and 1.8 for
-    x.new_empty(torch.Size)."""
+    """A new contiguous y [..., N] for x [..., K], in x's dtype on x's device, from the y_like
+    kept in `likes` per x shape."""
     shape = x.shape
     like = likes.get(shape)
     if like is None or like.dtype is not x.dtype:
         if len(likes) >= 64:
             likes.clear()
-        like = likes[shape] = x.new_empty(1).expand(*shape[:-1], N)
+        like = likes[shape] = y_like(x, N)
     return torch.empty_like(like, memory_format=torch.contiguous_format)
+
+
+class ShapedCall:
+    """What GemvWeights launches for one x shape and dtype, made by the first checked call of
+    them: the token count, y's y_like and the launch planned under one environment state."""
+    __slots__ = ("tokens", "like", "env", "launch")
+
+    def __init__(self, tokens: int, like, env: tuple, launch):
+        self.tokens, self.like, self.env, self.launch = tokens, like, env, launch
 
 
 class _PreparedWeights:
@@ -369,8 +383,9 @@ class GemvWeights:
         self._stream_of = torch_stream_getter()
         self._args = PackedArgs([0, infos[1].ptr, infos[2].ptr, 0 if zeros is None else infos[3].ptr, 0])
         self._values = self._args.values
-        self._launches: dict = {}      # (tokens, dtype, environment state) -> launch
-        self._out_like: dict = {}      # x.shape -> one element expanded to y's shape (new_y)
+        # (x.shape, x.dtype) -> ShapedCall, made by a checked call: a later x of that shape and
+        # dtype needs only what its shape and dtype do not say checked (launch_shaped)
+        self.calls: dict = {}
         self._dense_launch: dict = {}  # output dtype -> the dequantising launch
         self._lock = threading.Lock()
 
@@ -394,16 +409,12 @@ class GemvWeights:
             launch(self._args, self._stream_of(self.device_index))
         return out
 
-    def _kernel(self, stream: int, tokens: int, dtype):
-        """The launch for `tokens` tokens of `dtype`, planned once per environment state (so a later
-        INT4JIT_CONFIG takes effect); kept here so a call skips kernel_for's shape hashing."""
-        key = (tokens, dtype, _env_state())
-        launch = self._launches.get(key)
-        if launch is None:
-            name = "bfloat16" if dtype is self._torch.bfloat16 else "float16"
-            shape = replace(self.shape, M=tokens, dtype=name)
-            launch = self._launches[key] = kernel_for(self.device, shape, None, stream, fixed_weights=True).launch_packed
-        return launch
+    def _launch_for(self, tokens: int, dtype, stream: int):
+        """The launch for `tokens` tokens of `dtype` (kernel_for plans it once per environment state,
+        so a later INT4JIT_CONFIG takes effect)."""
+        name = "bfloat16" if dtype is self._torch.bfloat16 else "float16"
+        shape = replace(self.shape, M=tokens, dtype=name)
+        return kernel_for(self.device, shape, None, stream, fixed_weights=True).launch_packed
 
     def __call__(self, x, out=None):
         """y [..., N] for x [..., K] (1..16 tokens, float16 or bfloat16) on the weights' device, on
@@ -426,20 +437,35 @@ class GemvWeights:
 
     def launch_checked(self, x, tokens: int, out=None):
         """y for an x the caller has checked as __call__ does (its dtype, device, [..., K] holding
-        `tokens` tokens, contiguous; no perm to apply): Int4Linear's one-token call."""
-        if out is None:
-            out = new_y(self._torch, self._out_like, x, self.N)
+        `tokens` tokens, contiguous; no perm to apply). Makes the ShapedCall of x's shape and dtype
+        on their first call."""
+        key = (x.shape, x.dtype)
+        call = self.calls.get(key)
+        if call is None:
+            if len(self.calls) >= 64:
+                self.calls.clear()
+            env = _env_state()
+            launch = self._launch_for(tokens, x.dtype, self._stream_of(self.device_index))
+            call = self.calls[key] = ShapedCall(tokens, y_like(x, self.N), env, launch)
+        return self.launch_shaped(call, x, out)
+
+    def launch_shaped(self, call: ShapedCall, x, out=None):
+        """y for x through the ShapedCall of x's shape and dtype; the caller has checked x's device
+        and contiguity (Int4Linear's eager call, where a new x comes every call)."""
         x_ptr = x.data_ptr()
         if x_ptr & 15:  # a view at an odd offset: the kernel reads x in 16-byte loads
             validate_x(x, self.K, self.device_index)
+        if out is None:
+            out = self._torch.empty_like(call.like, memory_format=self._torch.contiguous_format)
         stream = self._stream_of(self.device_index)
-        launch = self._kernel(stream, tokens, x.dtype)
+        env = _env_state()
+        if env != call.env:  # a plan variable changed since: planned again
+            call.launch, call.env = self._launch_for(call.tokens, x.dtype, stream), env
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
             v[0] = x_ptr
             v[4] = out.data_ptr()
-            launch(self._args, stream)
+            call.launch(self._args, stream)
         return out
-
 
 __all__ = ["gemv", "GemvWeights"]

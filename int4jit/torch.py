@@ -166,21 +166,18 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self._layer
         # The eager decode call, kept lean (each tensor attribute costs ~0.1 us, a reshape ~1.4, a
-        # buffer read as self.w ~0.9: self._buffers is read instead): 1..16 tokens in fp16 or bf16,
-        # contiguous, on the layer's GPU, no gradient wanted, the weights not moved since prepared.
-        # Under torch.compile the first test is false and nothing else here is traced.
+        # buffer read as self.w ~0.9: self._buffers is read instead): an x whose shape and dtype
+        # an earlier call checked and planned (layer.calls), contiguous, on the layer's GPU, no
+        # gradient wanted, the weights not moved since prepared. Anything else takes the full
+        # path below, which makes the entry. Under torch.compile the second test is false and
+        # nothing else here is traced.
         if layer is not None and not torch.compiler.is_compiling() and layer.w is self._buffers["w"] \
-                and self._buffers["perm"] is None:
-            dt = x.dtype
-            if (dt is torch.float16 or dt is torch.bfloat16) and x.shape[-1] == self.in_features \
-                    and x.get_device() == layer.device_index and x.is_contiguous() and not x.requires_grad:
-                tokens = x.numel() // self.in_features
-                if 1 <= tokens <= MAX_TOKENS and (dt, tokens) not in self._no_kernel:
-                    try:
-                        y = layer.launch_checked(x, tokens)
-                    except NotImplementedError as e:
-                        return self._kernel_unavailable(x, e)
-                    return y if self.bias is None else y.add_(self.bias)  # in y's dtype, whatever the bias's
+                and self._buffers["perm"] is None and x.get_device() == layer.device_index and x.is_contiguous() \
+                and not x.requires_grad:
+            call = layer.calls.get((x.shape, x.dtype))
+            if call is not None:
+                y = layer.launch_shaped(call, x)
+                return y if self.bias is None else y.add_(self.bias)  # in y's dtype, whatever the bias's
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
         if self.perm is not None:

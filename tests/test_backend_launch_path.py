@@ -175,11 +175,6 @@ class FakeLibcuda:
     def __init__(self, status=0):
         self.launches, self.status = [], status
 
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
-        self.launches.append(("cuLaunchKernel", f.value, (gx.value, gy.value, gz.value), (bx.value, by.value, bz.value),
-                              shmem.value, stream.value, decode_cuda_params(ctypes.addressof(params), 5), extra))
-        return self.status
-
     def cuLaunchKernelEx(self, config_ref, f, params, extra):
         c = config_ref._obj
         attrs = [(c.attrs[i].id, ctypes.c_int.from_buffer_copy(bytes(c.attrs[i].value[:4])).value)
@@ -191,10 +186,10 @@ class FakeLibcuda:
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_cuda_prepared_launch_through_ctypes(overlap, fake_cuda, monkeypatch):
-    """The per-call launch (libcuda through ctypes): function, grid, block, stream and the five
-    pointers reach the driver as given; with overlap, cuLaunchKernelEx carries exactly one
-    attribute, programmatic stream serialization = 1. A second call with new pointers and
-    another stream reuses the launcher and sends the new values."""
+    """The per-call launch (libcuda through ctypes, cuLaunchKernelEx either way): function, grid,
+    block, stream and the five pointers reach the driver as given; with overlap the config
+    carries exactly one attribute, programmatic stream serialization = 1, without it none. A
+    second call with new pointers and another stream reuses the launcher and sends the new values."""
     lib = FakeLibcuda()
     monkeypatch.setattr(cuda, "_libcuda", lambda: lib)
     dev = cuda.Device(0)
@@ -205,23 +200,18 @@ def test_cuda_prepared_launch_through_ctypes(overlap, fake_cuda, monkeypatch):
     run(args, 0x77)
     args.values[0] = 0x1100
     run(args, 0x88)
-    if overlap:
-        attr = [(6, 1)]
-        assert lib.launches == [("cuLaunchKernelEx", fn, (896, 1, 1), (128, 1, 1), 0, 0x77, [0x1000, 0x2000, 0x3000, 0, 0x5000], None, attr),
-                                ("cuLaunchKernelEx", fn, (896, 1, 1), (128, 1, 1), 0, 0x88, [0x1100, 0x2000, 0x3000, 0, 0x5000], None, attr)]
-    else:
-        assert lib.launches == [("cuLaunchKernel", fn, (896, 1, 1), (128, 1, 1), 0, 0x77, [0x1000, 0x2000, 0x3000, 0, 0x5000], None),
-                                ("cuLaunchKernel", fn, (896, 1, 1), (128, 1, 1), 0, 0x88, [0x1100, 0x2000, 0x3000, 0, 0x5000], None)]
+    attr = [(6, 1)] if overlap else []
+    assert lib.launches == [("cuLaunchKernelEx", fn, (896, 1, 1), (128, 1, 1), 0, 0x77, [0x1000, 0x2000, 0x3000, 0, 0x5000], None, attr),
+                            ("cuLaunchKernelEx", fn, (896, 1, 1), (128, 1, 1), 0, 0x88, [0x1100, 0x2000, 0x3000, 0, 0x5000], None, attr)]
 
 
 def test_cuda_ctypes_launch_error_names_the_call_and_status(fake_cuda, monkeypatch):
     monkeypatch.setattr(cuda, "_libcuda", lambda: FakeLibcuda(status=719))
     dev = cuda.Device(0)
     _, fn = dev.load(b"x", "k")
-    with pytest.raises(DriverError, match="cuLaunchKernelEx failed with ERROR_719"):
-        dev.launch(fn, 1, 32, PackedArgs([1, 2, 3, 4, 5]), 0, overlap=True)
-    with pytest.raises(DriverError, match="cuLaunchKernel failed with ERROR_719"):
-        dev.launch(fn, 1, 32, PackedArgs([1, 2, 3, 4, 5]), 0)
+    for overlap in (True, False):
+        with pytest.raises(DriverError, match="cuLaunchKernelEx failed with ERROR_719"):
+            dev.launch(fn, 1, 32, PackedArgs([1, 2, 3, 4, 5]), 0, overlap=overlap)
 
 
 def test_launch_config_struct_matches_cuda_h():

@@ -165,9 +165,6 @@ class FakeLibcuda:
         self.drv.current = self.drv.ordinal_of(ctx.value)
         return 0
 
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
-        return int(self.drv.launched(f.value, stream.value))
-
     def cuLaunchKernelEx(self, config_ref, f, params, extra):
         return int(self.drv.launched(f.value, config_ref._obj.hStream))
 

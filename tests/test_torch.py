@@ -145,50 +145,61 @@ def test_act_order_layer_permutes_x_on_the_cpu():
 
 
 def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monkeypatch):
-    """Int4Linear's eager call (the decode path: 1..16 tokens, fp16 or bf16) goes straight to its
-    prepared layer's launch with x's and a new y's pointers, y shaped [..., N] like x; a dtype and
-    token count no kernel serves there falls back (said once) while the others keep launching;
-    after the weights are replaced (as .to() / .cuda() or an assignment does) it no longer
-    launches that layer. The GPU is stubbed: a layer prepared for 'device -1' (where a CPU
-    tensor reports itself)."""
+    """Int4Linear's eager call (the decode path: 1..16 tokens, fp16 or bf16) of an x shape and
+    dtype that a checked call planned goes straight to its layer's ShapedCall: the launch gets x's
+    pointer and a new y's, y shaped [..., N] like x, new memory every call; a plan variable set
+    later plans again; a shape no kernel serves keeps no entry; after the weights are replaced
+    (as .to() / .cuda() or an assignment does) it no longer launches that layer. The GPU is
+    stubbed: a layer prepared for 'device -1' (where a CPU tensor reports itself), whose checked
+    call (GemvWeights.__call__) plans each shape first."""
     import threading
     from int4jit import api
     from int4jit.backends._args import PackedArgs
     from int4jit.shapes import GemvShape
     N, K = 64, 256
     mod = Int4Linear.from_linear(torch.nn.Linear(K, N, bias=False), group_size=128)
-    launched = []
+    launched, planned = [], []
 
     def kernel_for(dev, shape, config, stream, fixed_weights=False):
         if shape.M == 5:
             raise NotImplementedError("no kernel for 5 tokens here")
+        planned.append((shape, os.environ.get("INT4JIT_CONFIG")))
         return type("K", (), {"launch_packed": staticmethod(lambda args, s: launched.append((list(args.values), s, shape)))})()
 
     layer = object.__new__(int4jit.GemvWeights)
     layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, 128, False), w=mod.w, scales=mod.scales, zeros=mod.zeros,
                           perm=None, device_index=-1, device=None, N=N, K=K, _stream_of=lambda i: 0x50,
-                          _args=PackedArgs([0, 1, 2, 3, 0]), _launches={}, _out_like={}, _lock=threading.Lock())
+                          _args=PackedArgs([0, 1, 2, 3, 0]), calls={}, _dense_launch={}, _lock=threading.Lock())
     layer._values = layer._args.values
     monkeypatch.setattr(api, "kernel_for", kernel_for)
+    monkeypatch.delenv("INT4JIT_CONFIG", raising=False)
     mod._layer = layer
     kept = []  # every y stays alive: each call's must be memory of its own
-    for x in (torch.randn(1, 1, K).half(), torch.randn(K).half(), torch.randn(1, 3, K).to(torch.bfloat16),
-              torch.randn(1, 1, K).half()):
-        y = mod(x)
-        assert y.shape == x.shape[:-1] + (N,) and y.dtype == x.dtype and y.is_contiguous()
-        assert y.data_ptr() not in {k.data_ptr() for k in kept}
-        kept.append(y)
-        values, stream, shape = launched[-1]
-        assert values == [x.data_ptr(), 1, 2, 3, y.data_ptr()] and stream == 0x50
-        assert (shape.M, shape.dtype) == (x.numel() // K, str(x.dtype).removeprefix("torch."))
-    assert len(launched) == 4
-    y = mod(torch.randn(5, K).half())  # no kernel here: dequantise + matmul, and remembered
-    assert y.shape == (5, N) and mod._no_kernel == {(torch.float16, 5)} and len(launched) == 4
+    for make in (lambda: torch.randn(1, 1, K).half(), lambda: torch.randn(K).half(),
+                 lambda: torch.randn(1, 3, K).to(torch.bfloat16)):
+        layer(make())  # the checked call plans the shape
+        for _ in range(2):
+            x = make()
+            y = mod(x)
+            assert y.shape == x.shape[:-1] + (N,) and y.dtype == x.dtype and y.is_contiguous()
+            assert y.data_ptr() not in {k.data_ptr() for k in kept}
+            kept.append(y)
+            values, stream, shape = launched[-1]
+            assert values == [x.data_ptr(), 1, 2, 3, y.data_ptr()] and stream == 0x50
+            assert (shape.M, shape.dtype) == (x.numel() // K, str(x.dtype).removeprefix("torch."))
+    assert len(launched) == 9 and len(planned) == 3 and len(layer.calls) == 3
+    monkeypatch.setenv("INT4JIT_CONFIG", "128,2")  # a plan variable set later: planned again, then kept
     mod(torch.randn(K).half())
-    assert len(launched) == 5  # the other calls still launch
+    mod(torch.randn(K).half())
+    assert len(launched) == 11 and len(planned) == 4 and planned[-1][1] == "128,2"
+    with pytest.raises(NotImplementedError):
+        layer(torch.randn(5, K).half())
+    assert len(layer.calls) == 3  # no entry for what no kernel serves
+    y = mod(torch.randn(5, K).half())  # on the CPU: dequantise + matmul
+    assert y.shape == (5, N) and len(launched) == 11
     mod.w = mod.w.clone()  # the weights moved: the prepared layer holds the old buffer
     y = mod(torch.randn(K).half())  # on the CPU that is the dequantising fallback
-    assert len(launched) == 5 and y.shape == (N,)
+    assert len(launched) == 11 and y.shape == (N,)
 
 
 def test_gradients_flow_to_x_through_every_path():

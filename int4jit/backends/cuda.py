@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import threading
+from typing import Optional
 
 import numpy as np
 
@@ -100,13 +101,16 @@ class _LaunchConfig(ctypes.Structure):
                 ("hStream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
-def _overlap_launch_config(grid: int, block: int, stream: int, attr_id: int) -> _LaunchConfig:
-    """A launch config whose one attribute allows programmatic stream serialization (PDL)."""
-    attr = _LaunchAttribute()
-    attr.id = attr_id
-    ctypes.c_int.from_buffer(attr.value).value = 1  # programmaticStreamSerializationAllowed
+def _launch_config(grid: int, block: int, stream: int, pdl_attr_id: Optional[int]) -> _LaunchConfig:
+    """A launch config; with pdl_attr_id, its one attribute allows programmatic stream
+    serialization (PDL)."""
+    attr = None
+    if pdl_attr_id is not None:
+        attr = _LaunchAttribute()
+        attr.id = pdl_attr_id
+        ctypes.c_int.from_buffer(attr.value).value = 1  # programmaticStreamSerializationAllowed
     config = _LaunchConfig((ctypes.c_uint * 3)(grid, 1, 1), (ctypes.c_uint * 3)(block, 1, 1), 0, stream,
-                           ctypes.pointer(attr), 1)
+                           None if attr is None else ctypes.pointer(attr), 0 if attr is None else 1)
     config._keep = attr  # the pointer does not keep its target alive
     return config
 
@@ -274,40 +278,27 @@ class Device(ThreadCurrent):
         if raw is None:
             return self._bindings_launcher(fn, grid, block, overlap)
         c_fn = ctypes.c_void_p(int(fn))
+        # cuLaunchKernelEx for every launch, PDL or not: its four arguments cost ~1.2 us less per call
+        # through ctypes than cuLaunchKernel's eleven (docs/performance.md, Per call from Python).
+        launch_ex = raw.cuLaunchKernelEx
+        attr_id = (int(self._drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+                   if overlap else None)
+        configs = _per_stream(lambda s: ctypes.byref(_launch_config(grid, block, s, attr_id)))
         # The per-call context check: one cuCtxGetCurrent when ours is current (the usual case),
         # a switch there and back when another device's is (_in_context).
         probe, thread, ctx, in_context = self._probe_context, _thread_context, self._ctx_id, self._in_context
-        if overlap:
-            launch_ex = raw.cuLaunchKernelEx
-            attr_id = int(self._drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            configs = _per_stream(lambda s: ctypes.byref(_overlap_launch_config(grid, block, s, attr_id)))
-
-            def run_here(args: PackedArgs, stream: int = 0):
-                if err := launch_ex(configs[stream], c_fn, args.params, None):
-                    raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
-
-            def run(args: PackedArgs, stream: int = 0):
-                buf = thread.buf
-                probe(buf)
-                if buf[0] != ctx:
-                    return in_context(run_here, args, stream, buf[0])
-                if err := launch_ex(configs[stream], c_fn, args.params, None):
-                    raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
-            return run
-        launch, one, zero, handles = raw.cuLaunchKernel, ctypes.c_uint(1), ctypes.c_uint(0), _per_stream(ctypes.c_void_p)
-        c_grid, c_block = ctypes.c_uint(grid), ctypes.c_uint(block)
 
         def run_here(args: PackedArgs, stream: int = 0):
-            if err := launch(c_fn, c_grid, one, one, c_block, one, one, zero, handles[stream], args.params, None):
-                raise DriverError(NAME, "cuLaunchKernel", self._status(err))
+            if err := launch_ex(configs[stream], c_fn, args.params, None):
+                raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
 
         def run(args: PackedArgs, stream: int = 0):
             buf = thread.buf
             probe(buf)
             if buf[0] != ctx:
                 return in_context(run_here, args, stream, buf[0])
-            if err := launch(c_fn, c_grid, one, one, c_block, one, one, zero, handles[stream], args.params, None):
-                raise DriverError(NAME, "cuLaunchKernel", self._status(err))
+            if err := launch_ex(configs[stream], c_fn, args.params, None):
+                raise DriverError(NAME, "cuLaunchKernelEx", self._status(err))
         return run
 
     def _status(self, err: int) -> str:
