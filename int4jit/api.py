@@ -442,11 +442,12 @@ class GemvWeights:
         key = (x.shape, x.dtype)
         call = self.calls.get(key)
         if call is None:
-            if len(self.calls) >= 64:
-                self.calls.clear()
-            env = _env_state()
-            launch = self._launch_for(tokens, x.dtype, self._stream_of(self.device_index))
-            call = self.calls[key] = ShapedCall(tokens, y_like(x, self.N), env, launch)
+            stream = self._stream_of(self.device_index)
+            call = ShapedCall(tokens, y_like(x, self.N), _env_state(), self._launch_for(tokens, x.dtype, stream))
+            if not self.device.is_capturing(stream):  # a pick made inside a capture is not kept (kernel_for)
+                if len(self.calls) >= 64:
+                    self.calls.clear()
+                self.calls[key] = call
         return self.launch_shaped(call, x, out)
 
     def launch_shaped(self, call: ShapedCall, x, out=None):

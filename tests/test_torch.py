@@ -148,7 +148,8 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
     """Int4Linear's eager call (the decode path: 1..16 tokens, fp16 or bf16) of an x shape and
     dtype that a checked call planned goes straight to its layer's ShapedCall: the launch gets x's
     pointer and a new y's, y shaped [..., N] like x, new memory every call; a plan variable set
-    later plans again; a shape no kernel serves keeps no entry; after the weights are replaced
+    later plans again; a shape no kernel serves, or first seen inside a graph capture (its pick
+    is the capture's cheap one), keeps no entry; after the weights are replaced
     (as .to() / .cuda() or an assignment does) it no longer launches that layer. The GPU is
     stubbed: a layer prepared for 'device -1' (where a CPU tensor reports itself), whose checked
     call (GemvWeights.__call__) plans each shape first."""
@@ -166,9 +167,11 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
         planned.append((shape, os.environ.get("INT4JIT_CONFIG")))
         return type("K", (), {"launch_packed": staticmethod(lambda args, s: launched.append((list(args.values), s, shape)))})()
 
+    capturing = [False]
+    device = type("D", (), {"is_capturing": staticmethod(lambda stream: capturing[0])})()
     layer = object.__new__(int4jit.GemvWeights)
     layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, 128, False), w=mod.w, scales=mod.scales, zeros=mod.zeros,
-                          perm=None, device_index=-1, device=None, N=N, K=K, _stream_of=lambda i: 0x50,
+                          perm=None, device_index=-1, device=device, N=N, K=K, _stream_of=lambda i: 0x50,
                           _args=PackedArgs([0, 1, 2, 3, 0]), calls={}, _dense_launch={}, _lock=threading.Lock())
     layer._values = layer._args.values
     monkeypatch.setattr(api, "kernel_for", kernel_for)
@@ -188,6 +191,11 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
             assert values == [x.data_ptr(), 1, 2, 3, y.data_ptr()] and stream == 0x50
             assert (shape.M, shape.dtype) == (x.numel() // K, str(x.dtype).removeprefix("torch."))
     assert len(launched) == 9 and len(planned) == 3 and len(layer.calls) == 3
+    capturing[0] = True  # a shape first seen inside a graph capture: launched, its pick not kept
+    layer(torch.randn(2, K).half())
+    assert len(launched) == 10 and len(planned) == 4 and len(layer.calls) == 3
+    capturing[0] = False
+    launched.pop(), planned.pop()
     monkeypatch.setenv("INT4JIT_CONFIG", "128,2")  # a plan variable set later: planned again, then kept
     mod(torch.randn(K).half())
     mod(torch.randn(K).half())
