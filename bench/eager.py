@@ -112,18 +112,26 @@ def main():
     for name, ts in times.items():
         rows[name] = statistics.median(ts)
         print(f"{name:48s} {rows[name]:8.2f} µs/call  (rounds {min(ts):.2f}..{max(ts):.2f})", flush=True)
+    # issue 19's check: Int4Linear's call with a new x against tinygemm's, as a model calls it and bare
+    ours = rows.get("Int4Linear forward, new x")
+    ratios = {f"Int4Linear new x / {peer}": ours / rows[peer] for peer in
+              ("torch tinygemm in an nn.Module (bf16), new x", "torch tinygemm (bf16), new x")
+              if ours is not None and peer in rows}
+    for name, r in ratios.items():
+        print(f"{name}: {r:.2f}")
 
     if args.no_write:
         return
     date = datetime.date.today().isoformat()
     device = torch.cuda.get_device_name()
     doc = {"device": device, "date": date, "N": N, "K": K, "group": G, "calls": n, "us_per_call": rows,
-           "torch": torch.__version__, "int4jit": int4jit.__version__}
+           "ratios": ratios, "torch": torch.__version__, "int4jit": int4jit.__version__}
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / f"eager-{date}.json").write_text(json.dumps(doc, indent=1))
     lines = [f"{device}, {date}, {N}×{K} g{G}: host time per call ({n} calls timed to the last one's return), "
              f"rows in turn, median of {args.rounds} rounds (`python3 bench/eager.py`)", "", "| call | µs |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows.items()]
+    lines += [""] + [f"{name}: {r:.2f}" for name, r in ratios.items()]
     write_section("Eager per call", "\n".join(lines))
 
 
