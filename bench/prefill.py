@@ -1,0 +1,138 @@
+"""Prefill per layer (issue 19, item 3): Int4Linear on a prompt of many tokens against the dense
+layer in the same dtype (cuBLAS), per Llama-3-8B projection, fp16 and bf16.
+
+Int4Linear serves more than 16 tokens with one dequantising launch (templates/dequant.hip) into a
+fresh workspace, then torch.matmul. Rows, per shape, dtype and token count, GPU time per call
+(CUDA events over back-to-back calls that walk enough copies of the layer to defeat L2; median
+of 5):
+
+  dense        F.linear with the dense weight in the activation dtype (what the model ran before
+               quantising): the baseline
+  int4jit      Int4Linear's forward
+  dequant      the dequantising launch alone (GemvWeights.dense into a kept workspace); its
+               bandwidth (int4 bytes read + dense bytes written) against the copy bandwidth
+               measured in this run
+
+Two ways of cutting the work in row pieces were measured and dropped (docs/performance.md).
+
+Int4Linear's output is checked against the dense layer's (relative difference, reported; > 1e-2
+fails the row).
+
+    python3 bench/prefill.py                              # 8B projections, 512 tokens, fp16 and bf16
+    python3 bench/prefill.py --tokens 128,512,2048 --dtypes float16
+
+Writes the "Prefill per layer" section of bench/RESULTS.md and bench/results/prefill-<date>.json."""
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS_DIR, copy_bandwidth, ev_time, gpu_or_exit, write_section  # noqa: E402
+
+# Llama-3-8B's projections as a transformers model calls them (q, k and v apart; gate and up apart).
+SHAPES = {"q/o": (4096, 4096), "k/v": (1024, 4096), "gate/up": (14336, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}
+ROTATE_BYTES = 200 << 20  # int4 bytes of distinct layer copies a timed pass walks
+
+
+def median_time(fn, calls: int) -> float:
+    """µs per call: the median of 5 event-timed passes of `calls` calls (one warm-up pass first)."""
+    ev_time(fn, 1)
+    return sorted(ev_time(fn, 1) for _ in range(5))[2] / calls
+
+
+def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
+    from int4jit.torch import Int4Linear
+
+    per_copy = N * K // 2
+    copies = max(2, -(-ROTATE_BYTES // per_copy))
+    dense_copies = max(2, min(copies, -(-(ROTATE_BYTES * 4) // (N * K * 2))))
+    dev = "cuda"
+    layers = []
+    for _ in range(copies):
+        w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev)
+        s = (torch.rand(N, K // group, device=dev) * 0.02 + 0.001).to(torch.float16)
+        z = torch.randint(0, 16, (N, K // group), dtype=torch.uint8, device=dev)
+        layers.append(Int4Linear(w, s, z))
+    x = torch.randn(T, K, dtype=dtype, device=dev)
+    ref_W = layers[0]._prepared().dense(torch.empty(N, K, dtype=dtype, device=dev))
+    dense_W = [ref_W] + [torch.randn(N, K, dtype=dtype, device=dev) * 0.02 for _ in range(dense_copies - 1)]
+    y_ref = torch.nn.functional.linear(x, ref_W).float()
+
+    def rel(y):
+        return float((y.float() - y_ref).norm() / y_ref.norm())
+
+    row = {"shape": f"{N}x{K}", "projection": name, "tokens": T, "dtype": str(dtype).replace("torch.", ""),
+           "copies": copies}
+    t_dense = median_time(lambda: [torch.nn.functional.linear(x, W) for W in dense_W], len(dense_W))
+    row["dense_us"] = t_dense
+    row["int4jit_rel_diff"] = rel(layers[0](x))
+    row["int4jit_us"] = median_time(lambda: [m(x) for m in layers], copies)
+    ws = torch.empty(N, K, dtype=dtype, device=dev)
+    gw = [m._prepared() for m in layers]
+    t_deq = median_time(lambda: [g.dense(ws) for g in gw], copies)
+    row["dequant_us"] = t_deq
+    row["dequant_pct_copy"] = 100 * (per_copy + N * K * 2) / (t_deq * 1e-6) / copy_Bps
+    row["ok"] = row["int4jit_rel_diff"] <= 1e-2
+    print(f"{name:9s} {N}x{K} T={T} {row['dtype']:8s} dense {t_dense:8.1f} us  int4jit {row['int4jit_us']:8.1f} "
+          f"({row['int4jit_us'] / t_dense:.2f}x)  dequant {t_deq:7.1f} us ({row['dequant_pct_copy']:.0f}% copy)"
+          + ("" if row["ok"] else f"  WRONG: rel diff {row['int4jit_rel_diff']:.1e}"), flush=True)
+    del layers, dense_W, ws, gw
+    torch.cuda.empty_cache()
+    return row
+
+
+def table(doc) -> str:
+    lines = ["| projection | N×K | tokens | dtype | dense µs | Int4Linear µs | × dense | dequant µs | dequant % copy | rel diff |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['projection']} | {r['shape']} | {r['tokens']} | {r['dtype']} | {r['dense_us']:.1f} | "
+                     f"{r['int4jit_us']:.1f} | {r['int4jit_us'] / r['dense_us']:.2f} | {r['dequant_us']:.1f} | "
+                     f"{r['dequant_pct_copy']:.0f}% | {r['int4jit_rel_diff']:.1e} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--tokens", default="512", help="comma-separated prompt lengths (default 512)")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON (default bench/results)")
+    args = ap.parse_args()
+    names = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    if any(n not in SHAPES for n in names):
+        ap.error(f"unknown shape in {names}; known: {', '.join(SHAPES)}")
+    torch = gpu_or_exit("prefill.py")
+    import int4jit
+
+    dtypes = [getattr(torch, d.strip()) for d in args.dtypes.split(",") if d.strip()]
+    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    copy_Bps = copy_bandwidth()
+    doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+           "copy_Bps": copy_Bps, "torch": torch.__version__, "int4jit": int4jit.__version__,
+           "group": args.group, "rows": []}
+    print(f"{doc['device']}: copy {copy_Bps / 1e12:.2f} TB/s", flush=True)
+    out = Path(args.out) / f"prefill-{doc['date']}.json"
+    for T in tokens:
+        for dtype in dtypes:
+            for name in names:
+                N, K = SHAPES[name]
+                doc["rows"].append(measure_shape(torch, name, N, K, T, dtype, copy_Bps, args.group))
+                if not args.no_write:
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_text(json.dumps(doc, indent=1))
+    body = (f"{doc['device']}, {doc['date']}, torch {doc['torch']}, copy {copy_Bps / 1e12:.2f} TB/s, g={args.group} "
+            f"asymmetric; GPU time per call, CUDA events over calls that walk distinct layer copies, median of 5 "
+            f"(`python3 bench/prefill.py --tokens {args.tokens}`)\n\n{table(doc)}\n")
+    print(body)
+    if not args.no_write:
+        write_section("Prefill per layer", body)
+    return 0 if all(r["ok"] for r in doc["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
