@@ -38,12 +38,12 @@ ROTATE_BYTES = 200 << 20  # int4 bytes of distinct layer copies a timed pass wal
 
 
 def median_time(fn, calls: int) -> float:
-    """µs per call: the median of 5 event-timed passes of `calls` calls (one warm-up pass first)."""
-    ev_time(fn, 1)
+    """µs per call: the median of 5 event-timed passes of `calls` calls (ev_time warms up each)."""
     return sorted(ev_time(fn, 1) for _ in range(5))[2] / calls
 
 
 def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
+    import int4jit
     from int4jit.torch import Int4Linear
 
     per_copy = N * K // 2
@@ -56,8 +56,9 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
         s = (torch.rand(N, K // group, device=dev) * 0.02 + 0.001).to(torch.float16)
         z = torch.randint(0, 16, (N, K // group), dtype=torch.uint8, device=dev)
         layers.append(Int4Linear(w, s, z))
+    gw = [int4jit.GemvWeights(m.w, m.scales, m.zeros) for m in layers]
     x = torch.randn(T, K, dtype=dtype, device=dev)
-    ref_W = layers[0]._prepared().dense(torch.empty(N, K, dtype=dtype, device=dev))
+    ref_W = gw[0].dense(torch.empty(N, K, dtype=dtype, device=dev))
     dense_W = [ref_W] + [torch.randn(N, K, dtype=dtype, device=dev) * 0.02 for _ in range(dense_copies - 1)]
     y_ref = torch.nn.functional.linear(x, ref_W).float()
 
@@ -71,7 +72,6 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
     row["int4jit_rel_diff"] = rel(layers[0](x))
     row["int4jit_us"] = median_time(lambda: [m(x) for m in layers], copies)
     ws = torch.empty(N, K, dtype=dtype, device=dev)
-    gw = [m._prepared() for m in layers]
     t_deq = median_time(lambda: [g.dense(ws) for g in gw], copies)
     row["dequant_us"] = t_deq
     row["dequant_pct_copy"] = 100 * (per_copy + N * K * 2) / (t_deq * 1e-6) / copy_Bps
