@@ -23,6 +23,36 @@ def random_problem(rng, N, K, group, symmetric):
     return x, w, scales, zeros
 
 
+def torch_reference(x, w, scales, zeros=None, perm=None, device=None, rows=None) -> np.ndarray:
+    """int4jit.reference_gemv's float64 formula in torch, on the GPU where there is one (or on
+    `device`): the GPU tests' reference, so 28672x4096 does not cost seconds of one core per case.
+    Inputs as reference_gemv takes them (numpy or torch; not validated again); returns float64
+    [N] for x [K], [M, N] for x [M, K]. test_reference.py checks it equals reference_gemv."""
+    import torch
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    def on(a):
+        return (a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))).to(dev)
+
+    w, s = on(w), on(scales).double()
+    z = None if zeros is None else on(zeros).double()
+    N, K = w.shape[0], 2 * w.shape[1]
+    g = K // s.shape[1]
+    xv = on(x).double()
+    if perm is not None:
+        xv = xv[..., on(perm).long()]
+    xm = xv.reshape(-1, K)
+    y = torch.empty((xm.shape[0], N), dtype=torch.float64, device=dev)
+    rows = rows or max(1, (1 << 24) // K)  # 128 MB of float64 weights at a time
+    for r0 in range(0, N, rows):
+        r1 = min(N, r0 + rows)
+        q = torch.stack((w[r0:r1] & 0x0F, w[r0:r1] >> 4), dim=-1).reshape(r1 - r0, K).double()
+        zr = 8.0 if z is None else z[r0:r1].repeat_interleave(g, dim=1)
+        y[:, r0:r1] = xm @ ((q - zr) * s[r0:r1].repeat_interleave(g, dim=1)).T
+    y = y.cpu().numpy()
+    return y.reshape(N) if xv.ndim == 1 else y
+
+
 def need(module: str):
     """Import a test dependency: skip where it is missing, fail in CI (scripts/test.sh installs it)."""
     try:

@@ -6,6 +6,7 @@ import int4jit
 from int4jit.shapes import SUPPORTED_GROUPS, candidate_grid
 
 from conftest import few_outputs_floor, random_problem, rel_error
+from conftest import torch_reference as reference  # float64 on the GPU
 
 pytestmark = pytest.mark.gpu
 TOL = 2e-3
@@ -21,13 +22,6 @@ def _torch():
     if _torch_module is None:
         pytest.skip("torch is not installed")
     return _torch_module
-
-
-def chunked_reference(x, w, s, z, rows=2048):
-    """reference_gemv is row-wise: evaluate it in row blocks to bound host memory."""
-    parts = [int4jit.reference_gemv(x, w[i:i + rows], s[i:i + rows], None if z is None else z[i:i + rows])
-             for i in range(0, w.shape[0], rows)]
-    return np.concatenate(parts, axis=-1)  # [N] or [M, N]
 
 
 def run_torch(x, w, s, z, **kw):
@@ -59,7 +53,7 @@ def test_sweep_against_reference(N, K, group, symmetric, monkeypatch):
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, symmetric)
     y = run_torch(x, w, s, z)
-    assert rel_error(y, chunked_reference(x, w, s, z), few_outputs_floor(x, w, s, z)) <= TOL
+    assert rel_error(y, reference(x, w, s, z), few_outputs_floor(x, w, s, z)) <= TOL
 
 
 @pytest.mark.parametrize("cfg", candidate_grid(exhaustive=True), ids=str)
@@ -68,7 +62,7 @@ def test_every_grid_point(cfg, N, K, group):
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, symmetric=False)
     y = run_torch(x, w, s, z, config=(cfg.BS, cfg.TN))
-    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
+    assert rel_error(y, reference(x, w, s, z)) <= TOL
 
 
 MMA_CASES = [(N, K, g, sym) for N in (1, 7, 4097) for K in (32, 96, 4096, 17920) for g in SUPPORTED_GROUPS
@@ -84,7 +78,7 @@ def test_tensor_core_kernel_against_reference(N, K, group, symmetric, kernel, mo
     monkeypatch.setenv("INT4JIT_TUNE", "0")
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, symmetric)
-    assert rel_error(run_torch(x, w, s, z), chunked_reference(x, w, s, z), few_outputs_floor(x, w, s, z)) <= TOL
+    assert rel_error(run_torch(x, w, s, z), reference(x, w, s, z), few_outputs_floor(x, w, s, z)) <= TOL
 
 
 @pytest.mark.parametrize("kernel", ["tc", "simt"])
@@ -95,7 +89,7 @@ def test_tensor_core_kernel_every_grid_point(cfg, kernel, K, group, monkeypatch)
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, 3001, K, group, symmetric=False)
     y = run_torch(x, w, s, z, config=(cfg.BS, cfg.TN))
-    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
+    assert rel_error(y, reference(x, w, s, z)) <= TOL
 
 
 def test_numpy_in_numpy_out():
@@ -103,10 +97,10 @@ def test_numpy_in_numpy_out():
     x, w, s, z = random_problem(rng, 896, 4864, 32, False)
     y = int4jit.gemv(x, w, s, z)
     assert isinstance(y, np.ndarray) and y.dtype == np.float16 and y.shape == (896,)
-    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
+    assert rel_error(y, reference(x, w, s, z)) <= TOL
     y2 = int4jit.gemv(x.reshape(1, -1), w, s, None)
     assert y2.shape == (1, 896)
-    assert rel_error(y2, int4jit.reference_gemv(x.reshape(1, -1), w, s, None)) <= TOL
+    assert rel_error(y2, reference(x.reshape(1, -1), w, s, None)) <= TOL
 
 
 def test_numpy_out_argument():
@@ -115,7 +109,7 @@ def test_numpy_out_argument():
     out = np.full(300, np.nan, dtype=np.float16)
     r = int4jit.gemv(x, w, s, z, out=out)
     assert r is out
-    assert rel_error(out, int4jit.reference_gemv(x, w, s, z)) <= TOL
+    assert rel_error(out, reference(x, w, s, z)) <= TOL
 
 
 def test_torch_returns_torch_on_current_stream():
@@ -128,7 +122,7 @@ def test_torch_returns_torch_on_current_stream():
         y = int4jit.gemv(*args)
     side.synchronize()
     assert isinstance(y, t.Tensor) and y.dtype == t.float16 and y.is_cuda and tuple(y.shape) == (2048,)
-    assert rel_error(y.cpu().numpy(), int4jit.reference_gemv(x, w, s, z)) <= TOL
+    assert rel_error(y.cpu().numpy(), reference(x, w, s, z)) <= TOL
 
 
 def test_explicit_non_default_stream():
@@ -141,12 +135,12 @@ def test_explicit_non_default_stream():
     t.cuda.synchronize()
     int4jit.gemv(*args, None, out=out, stream=stream)
     stream.synchronize()
-    assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x, w, s, None)) <= TOL
+    assert rel_error(out.cpu().numpy(), reference(x, w, s, None)) <= TOL
     out.fill_(float("nan"))
     t.cuda.synchronize()
     int4jit.gemv(*args, None, out=out, stream=stream.cuda_stream)  # raw handle
     stream.synchronize()
-    assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x, w, s, None)) <= TOL
+    assert rel_error(out.cpu().numpy(), reference(x, w, s, None)) <= TOL
 
 
 def test_cupy_inputs():
@@ -155,7 +149,7 @@ def test_cupy_inputs():
     x, w, s, z = random_problem(rng, 1152, 896, 32, False)
     y = int4jit.gemv(*(cp.asarray(a) for a in (x, w, s, z)))
     assert isinstance(y, cp.ndarray) and y.dtype == np.float16
-    assert rel_error(cp.asnumpy(y), int4jit.reference_gemv(x, w, s, z)) <= TOL
+    assert rel_error(cp.asnumpy(y), reference(x, w, s, z)) <= TOL
 
 
 def test_quantized_real_weights_match_fp_product():
@@ -165,7 +159,7 @@ def test_quantized_real_weights_match_fp_product():
     w, s, z = int4jit.quantize(W, 128)
     x = rng.standard_normal(4096).astype(np.float16)
     y = run_torch(x, w, s, z)
-    assert rel_error(y, int4jit.reference_gemv(x, w, s, z)) <= TOL
+    assert rel_error(y, reference(x, w, s, z)) <= TOL
 
 
 def test_mismatched_device_mix_rejected_before_launch():
@@ -189,7 +183,7 @@ def test_every_variant_against_reference(N, K, group, symmetric, cfg, variant):
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, symmetric)
     y = run_torch(x, w, s, z, config=cfg + ("," + variant if variant else ""))
-    assert rel_error(y, chunked_reference(x, w, s, z)) <= TOL
+    assert rel_error(y, reference(x, w, s, z)) <= TOL
 
 
 TC_TOKEN_CASES = [(1, "bfloat16", "float16"), (1, "bfloat16", "bfloat16"), (1, "float16", "bfloat16"),
@@ -215,7 +209,7 @@ def test_tc_tokens_and_bf16_every_variant(M, dtype, scale_dtype, N, K, group, sy
     int4jit.gemv(xs, t.from_numpy(w).cuda(), st, None if z is None else t.from_numpy(z).cuda(), out=out,
                  config=cfg + ("," + variant if variant else ""))
     t.cuda.synchronize()
-    ref = chunked_reference(xs.float().cpu().numpy(), w, st.float().cpu().numpy(), z)
+    ref = reference(xs.float().cpu().numpy(), w, st.float().cpu().numpy(), z)
     assert rel_error(out.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
 
 
@@ -235,7 +229,7 @@ def test_autotune_stores_the_winner_and_reuses_it(monkeypatch):
     # gemv uses the stored winner and is right
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, 3000, 2048, 64, False)
-    assert rel_error(run_torch(x, w, s, z), int4jit.reference_gemv(x, w, s, z)) <= TOL
+    assert rel_error(run_torch(x, w, s, z), reference(x, w, s, z)) <= TOL
 
 
 def test_repeated_eager_calls_follow_new_data_and_new_tensors():
@@ -249,11 +243,11 @@ def test_repeated_eager_calls_follow_new_data_and_new_tensors():
         out.fill_(float("nan"))
         int4jit.gemv(xt, wt, st, zt, out=out)
         t.cuda.synchronize()
-        assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x2, w, s, z)) <= TOL
+        assert rel_error(out.cpu().numpy(), reference(x2, w, s, z)) <= TOL
     host, args, out = device_problem(rng, 4096, 4096, 128)  # fresh tensors, same shape
     int4jit.gemv(*args, out=out)
     t.cuda.synchronize()
-    assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(*host)) <= TOL
+    assert rel_error(out.cpu().numpy(), reference(*host)) <= TOL
 
 
 def test_graph_capture_and_replay():
@@ -270,7 +264,7 @@ def test_graph_capture_and_replay():
     xt.copy_(t.from_numpy(x2))
     g.replay()
     t.cuda.synchronize()
-    assert rel_error(out.cpu().numpy(), int4jit.reference_gemv(x2, w, s, z)) <= TOL
+    assert rel_error(out.cpu().numpy(), reference(x2, w, s, z)) <= TOL
 
 
 def test_sixteen_threads_own_streams_shared_weights():
@@ -280,7 +274,7 @@ def test_sixteen_threads_own_streams_shared_weights():
     x, w, s, z = random_problem(rng, 4096, 4096, 128, False)
     wt, st, zt = (t.from_numpy(a).cuda() for a in (w, s, z))
     xs = [rng.standard_normal(4096).astype(np.float16) for _ in range(16)]
-    refs = [int4jit.reference_gemv(xi, w, s, z) for xi in xs]
+    refs = [reference(xi, w, s, z) for xi in xs]
     errors, results = [], [None] * 16
 
     def worker(i):
@@ -311,7 +305,7 @@ def test_large_problems(N, K, group):
     rng = np.random.default_rng()
     x, w, s, z = random_problem(rng, N, K, group, False)
     y = run_torch(x, w, s, z)
-    assert rel_error(y, chunked_reference(x, w, s, z, rows=8192)) <= TOL
+    assert rel_error(y, reference(x, w, s, z)) <= TOL
 
 
 CHAIN_CONFIGS = ["", "*=256,2,streaming=1,prefetch=1", "*=256,2,early=1", "*=128,4,early=1,prefetch=1",
@@ -324,7 +318,7 @@ def chain_problems(rng, dims, group=128):
     out = []
     for K, N in zip(dims[:-1], dims[1:]):
         x, w, s, z = random_problem(rng, N, K, group, False)
-        y = int4jit.reference_gemv(x, w, s, z)
+        y = reference(x, w, s, z)
         gain = np.linalg.norm(y) / np.sqrt(N) / (np.linalg.norm(x.astype(np.float64)) / np.sqrt(K))
         out.append((w, (s.astype(np.float64) / gain).astype(np.float16), z))
     return out
@@ -354,7 +348,7 @@ def test_chain_of_pdl_launches_equals_per_call_results(config, monkeypatch):
     expected = [o.clone() for o in outs]
     x = x0
     for (host, _), e in zip(layers, expected):  # each step against the reference
-        ref = int4jit.reference_gemv(x.cpu().numpy(), *host)
+        ref = reference(x.cpu().numpy(), *host)
         assert rel_error(e.cpu().numpy(), ref) <= TOL
         x = e
     s = t.cuda.Stream()
@@ -421,7 +415,7 @@ def test_gemv_weights_new_tensors_every_call():
         x2 = rng.standard_normal(4096).astype(np.float16)
         y = layer(t.from_numpy(x2).cuda())
         t.cuda.synchronize()
-        assert rel_error(y.cpu().numpy(), int4jit.reference_gemv(x2, w, s, z)) <= TOL
+        assert rel_error(y.cpu().numpy(), reference(x2, w, s, z)) <= TOL
     with pytest.raises(TypeError, match="x must be float16"):
         layer(t.zeros(4096, dtype=t.float32, device="cuda"))
     with pytest.raises(ValueError, match="x must be"):
@@ -498,13 +492,13 @@ def test_act_order_perm_against_reference(N, K, group, symmetric):
     perm = rng.permutation(K).astype(np.int32)
     int4jit.gemv(xt, wt, st, zt, perm=t.from_numpy(perm).cuda(), out=out)
     t.cuda.synchronize()
-    ref = int4jit.reference_gemv(x, w, s, z, perm=perm)
+    ref = reference(x, w, s, z, perm=perm)
     assert rel_error(out.cpu().numpy(), ref) <= TOL
     layer = Int4Linear.from_weights(int4jit.Int4Weights(wt, st, zt, perm=t.from_numpy(perm).cuda()))
     assert rel_error(layer(xt).float().cpu().numpy(), ref) <= TOL
     xs = rng.standard_normal((5, K)).astype(np.float16)
     ys = layer(t.from_numpy(xs).cuda()).float().cpu().numpy()
-    assert rel_error(ys, int4jit.reference_gemv(xs, w, s, z, perm=perm)) <= TOL
+    assert rel_error(ys, reference(xs, w, s, z, perm=perm)) <= TOL
 
 
 SIMT_BF16_CASES = [(N, K, g, sym) for (N, K) in ((1, 48), (7, 896), (896, 4864), (1000, 2080), (2500, 4096))
@@ -526,7 +520,7 @@ def test_simt_kernel_bf16_against_reference(N, K, group, symmetric, scale_dtype,
     int4jit.gemv(x, t.from_numpy(w).cuda(), st, None if z is None else t.from_numpy(z).cuda(), out=out)
     t.cuda.synchronize()
     xf, sf = x.float().cpu().numpy(), st.float().cpu().numpy()
-    ref = chunked_reference(xf, w, sf, z)
+    ref = reference(xf, w, sf, z)
     assert rel_error(out.float().cpu().numpy(), ref, few_outputs_floor(xf, w, sf, z)) <= 5e-3
 
 
@@ -540,7 +534,7 @@ def test_simt_kernel_bf16_every_grid_point(cfg, K, group, monkeypatch):
     x = t.randn(K, device="cuda", dtype=t.bfloat16)
     y = int4jit.gemv(x, *(t.from_numpy(a).cuda() for a in (w, s, z)), config=(cfg.BS, cfg.TN))
     t.cuda.synchronize()
-    ref = int4jit.reference_gemv(x.float().cpu().numpy(), w, s, z)
+    ref = reference(x.float().cpu().numpy(), w, s, z)
     assert y.dtype == t.bfloat16 and rel_error(y.float().cpu().numpy(), ref) <= 5e-3
 
 
@@ -561,7 +555,7 @@ def test_several_tokens_and_bf16_against_reference(M, N, K, group, symmetric, dt
     out = t.full((M, N), float("nan"), dtype=getattr(t, dtype), device="cuda")
     int4jit.gemv(xs, *args, out=out)
     t.cuda.synchronize()
-    ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, s, z)
+    ref = reference(xs.float().cpu().numpy(), w, s, z)
     assert rel_error(out.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
 
 
@@ -577,7 +571,7 @@ def test_tokens_and_bf16_every_grid_point(cfg, M, dtype, group):
     args = [t.from_numpy(a).cuda() for a in (w, s, z)]
     y = int4jit.gemv(xs, *args, config=(cfg.BS, cfg.TN))
     t.cuda.synchronize()
-    ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, s, z)
+    ref = reference(xs.float().cpu().numpy(), w, s, z)
     assert rel_error(y.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
 
 
@@ -590,7 +584,7 @@ def test_bf16_scales_and_int4linear_tokens():
     sb = t.from_numpy(s).cuda().to(t.bfloat16)
     xs = t.randn(4, 4096, device="cuda", dtype=t.bfloat16)
     y = int4jit.gemv(xs, t.from_numpy(w).cuda(), sb, t.from_numpy(z).cuda())
-    ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, sb.float().cpu().numpy(), z)
+    ref = reference(xs.float().cpu().numpy(), w, sb.float().cpu().numpy(), z)
     assert rel_error(y.float().cpu().numpy(), ref) <= 5e-3
     layer = Int4Linear(t.from_numpy(w).cuda(), t.from_numpy(s).cuda(), t.from_numpy(z).cuda())
     for M in (1, 3, 16):
@@ -598,7 +592,7 @@ def test_bf16_scales_and_int4linear_tokens():
             x = t.randn(1, M, 4096, device="cuda", dtype=dtype)
             y = layer(x)
             assert y.shape == (1, M, 2048) and y.dtype == dtype
-            ref = int4jit.reference_gemv(x[0].float().cpu().numpy(), w, s, z)
+            ref = reference(x[0].float().cpu().numpy(), w, s, z)
             assert rel_error(y[0].float().cpu().numpy(), ref) <= (TOL if dtype == t.float16 else 5e-3)
     assert not layer._warned and not layer._no_kernel
 
@@ -613,5 +607,5 @@ def test_tc_batch_loads_variant(cfg, M, dtype, group):
     xs = t.randn(M, K, device="cuda", dtype=getattr(t, dtype))
     y = int4jit.gemv(xs, *[t.from_numpy(a).cuda() for a in (w, s, z)], config=cfg)
     t.cuda.synchronize()
-    ref = int4jit.reference_gemv(xs.float().cpu().numpy(), w, s, z)
+    ref = reference(xs.float().cpu().numpy(), w, s, z)
     assert rel_error(y.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)

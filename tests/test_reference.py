@@ -6,7 +6,7 @@ import int4jit
 from int4jit.reference import pack_nibbles, unpack_nibbles
 from int4jit.shapes import SUPPORTED_GROUPS
 
-from conftest import random_problem
+from conftest import random_problem, torch_reference
 
 
 def independent_reference(x, w, scales, zeros):
@@ -121,6 +121,26 @@ def test_reference_takes_torch_activations_bf16_included():
     # w, scales, zeros as torch tensors too
     tw, ts, tz = (torch.from_numpy(a) for a in (w, s, z))
     np.testing.assert_array_equal(int4jit.reference_gemv(x, tw, ts, tz), int4jit.reference_gemv(x, w, s, z))
+
+
+@pytest.mark.parametrize("M,symmetric,group,with_perm", [(1, False, 32, False), (3, True, 16, True), (2, False, 128, True)])
+def test_gpu_tests_torch_reference_equals_reference_gemv(M, symmetric, group, with_perm):
+    """tests/test_gemv_gpu.py checks kernels against conftest.torch_reference (float64 in torch,
+    on the GPU): it must be reference_gemv's function, across its row blocks, M, perm and zeros."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(M)
+    _, w, s, z = random_problem(rng, 37, 256, group, symmetric)
+    X = rng.standard_normal((M, 256)).astype(np.float16)
+    perm = rng.permutation(256).astype(np.int32) if with_perm else None
+    for x in (X, X[0]):
+        want = int4jit.reference_gemv(x, w, s, z, perm=perm)
+        got = torch_reference(x, w, s, z, perm=perm, device="cpu", rows=8)  # 5 row blocks
+        assert got.shape == want.shape and got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    wrong = z if z is None else np.where(z == 15, 0, z + 1).astype(np.uint8)  # off by one zero point
+    if wrong is not None:
+        assert not np.allclose(torch_reference(X, w, s, wrong, perm=perm, device="cpu"),
+                               int4jit.reference_gemv(X, w, s, z, perm=perm))
 
 
 def test_reference_perm_is_act_order():
