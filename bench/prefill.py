@@ -1,14 +1,17 @@
 """Prefill per layer (issue 19, item 3): Int4Linear on a prompt of many tokens against the dense
 layer in the same dtype (cuBLAS), per Llama-3-8B projection, fp16 and bf16.
 
-Int4Linear serves more than 16 tokens with one dequantising launch (templates/dequant.hip) into a
-fresh workspace, then torch.matmul. Rows, per shape, dtype and token count, GPU time per call
-(CUDA events over back-to-back calls that walk enough copies of the layer to defeat L2; median
-of 5):
+Int4Linear serves 17..CHUNKED_TOKENS tokens with the kernel once per 16 tokens, and more with one
+dequantising launch (templates/dequant.hip) into a fresh workspace, then torch.matmul. Rows, per
+shape, dtype and token count, GPU time per call (CUDA events over back-to-back calls that walk
+enough copies of the layer to defeat L2; median of 5):
 
   dense        F.linear with the dense weight in the activation dtype (what the model ran before
                quantising): the baseline
   int4jit      Int4Linear's forward
+  dequant + mm the dequantising launch then F.linear (Int4Linear's path above CHUNKED_TOKENS)
+  chunks of c  GemvWeights once per c tokens into slices of one y (Int4Linear's path for
+               17..CHUNKED_TOKENS tokens, c = 16); up to 128 tokens
   dequant      the dequantising launch alone (GemvWeights.dense into a kept workspace); its
                bandwidth (int4 bytes read + dense bytes written) against the copy bandwidth
                measured in this run
@@ -35,6 +38,7 @@ from common import RESULTS_DIR, copy_bandwidth, ev_time, gpu_or_exit, write_sect
 SHAPES = {"q/o": (4096, 4096), "k/v": (1024, 4096), "gate/up": (14336, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
 ROTATE_BYTES = 200 << 20  # int4 bytes of distinct layer copies a timed pass walks
+CHUNKS_UP_TO = 128  # token counts the chunked rows are measured at
 
 
 def median_time(fn, calls: int) -> float:
@@ -73,11 +77,19 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
     row["int4jit_us"] = median_time(lambda: [m(x) for m in layers], copies)
     ws = torch.empty(N, K, dtype=dtype, device=dev)
     t_deq = median_time(lambda: [g.dense(ws) for g in gw], copies)
+    row["dequant_mm_us"] = median_time(lambda: [torch.nn.functional.linear(x, g.dense(ws)) for g in gw], copies)
+    if T <= CHUNKS_UP_TO:  # the kernel once per chunk of tokens, into slices of one y
+        y = torch.empty(T, N, dtype=dtype, device=dev)
+        for c in (8, 16):
+            row[f"chunks{c}_us"] = median_time(
+                lambda: [g(x[i:i + c], out=y[i:i + c]) for g in gw for i in range(0, T, c)], copies)
     row["dequant_us"] = t_deq
     row["dequant_pct_copy"] = 100 * (per_copy + N * K * 2) / (t_deq * 1e-6) / copy_Bps
     row["ok"] = row["int4jit_rel_diff"] <= 1e-2
+    chunks = "".join(f"  chunks of {c} {row[f'chunks{c}_us']:7.1f}" for c in (8, 16) if f"chunks{c}_us" in row)
     print(f"{name:9s} {N}x{K} T={T} {row['dtype']:8s} dense {t_dense:8.1f} us  int4jit {row['int4jit_us']:8.1f} "
           f"({row['int4jit_us'] / t_dense:.2f}x)  dequant {t_deq:7.1f} us ({row['dequant_pct_copy']:.0f}% copy)"
+          f"  dequant+mm {row['dequant_mm_us']:7.1f}{chunks}"
           + ("" if row["ok"] else f"  WRONG: rel diff {row['int4jit_rel_diff']:.1e}"), flush=True)
     del layers, dense_W, ws, gw
     torch.cuda.empty_cache()
@@ -85,11 +97,14 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
 
 
 def table(doc) -> str:
-    lines = ["| projection | N×K | tokens | dtype | dense µs | Int4Linear µs | × dense | dequant µs | dequant % copy | rel diff |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| projection | N×K | tokens | dtype | dense µs | Int4Linear µs | × dense | dequant + mm µs | chunks of 8 µs "
+             "| chunks of 16 µs | dequant µs | dequant % copy | rel diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    opt = lambda r, k: f"{r[k]:.1f}" if k in r else "n/a"
     for r in doc["rows"]:
         lines.append(f"| {r['projection']} | {r['shape']} | {r['tokens']} | {r['dtype']} | {r['dense_us']:.1f} | "
-                     f"{r['int4jit_us']:.1f} | {r['int4jit_us'] / r['dense_us']:.2f} | {r['dequant_us']:.1f} | "
+                     f"{r['int4jit_us']:.1f} | {r['int4jit_us'] / r['dense_us']:.2f} | {opt(r, 'dequant_mm_us')} | "
+                     f"{opt(r, 'chunks8_us')} | {opt(r, 'chunks16_us')} | {r['dequant_us']:.1f} | "
                      f"{r['dequant_pct_copy']:.0f}% | {r['int4jit_rel_diff']:.1e} |")
     return "\n".join(lines)
 

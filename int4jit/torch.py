@@ -27,6 +27,10 @@ from .validate import validate
 log = logging.getLogger("int4jit")
 # The CPU path keeps the dequantised weight of a module up to this size (and dequantises once).
 CPU_DENSE_CACHE_BYTES = 1 << 30
+# GPU calls of 17..CHUNKED_TOKENS tokens launch the kernel once per CHUNK tokens; more dequantise
+# once and use cuBLAS. Both measured (bench/prefill.py; docs/performance.md, "Eager calls, prefill").
+CHUNK = MAX_TOKENS
+CHUNKED_TOKENS = 64
 
 
 def _unpack_dequantize(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], dtype) -> torch.Tensor:
@@ -183,6 +187,9 @@ class Int4Linear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         tokens = x.numel() // self.in_features
+        if x.is_cuda and MAX_TOKENS < tokens <= CHUNKED_TOKENS and x.dtype in (torch.float16, torch.bfloat16) \
+                and (x.dtype, tokens) not in self._no_kernel:
+            return self._in_chunks(x, tokens)
         if x.is_cuda and 1 <= tokens <= MAX_TOKENS and x.dtype in (torch.float16, torch.bfloat16) \
                 and (x.dtype, tokens) not in self._no_kernel:
             x = x if x.is_contiguous() else x.contiguous()
@@ -196,6 +203,25 @@ class Int4Linear(nn.Module):
                     return self._kernel_unavailable(x, e)
             return y if self.bias is None else y + self.bias.to(y.dtype)
         return self._fallback(x)
+
+    def _in_chunks(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
+        """17..CHUNKED_TOKENS tokens: the kernel once per CHUNK tokens (each launch reads the int4
+        weights; below CHUNKED_TOKENS that costs less than dequantising them, docs/performance.md)."""
+        x2 = x.reshape(tokens, self.in_features)
+        x2 = x2 if x2.is_contiguous() else x2.contiguous()
+        if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
+            y = torch.cat([torch.ops.int4jit.gemv(x2[i:i + CHUNK], self.w, self.scales, self.zeros)
+                           for i in range(0, tokens, CHUNK)])
+        else:
+            layer = self._prepared()
+            y = x2.new_empty(tokens, self.out_features)
+            try:
+                for i in range(0, tokens, CHUNK):
+                    layer.launch_checked(x2[i:i + CHUNK], min(CHUNK, tokens - i), y[i:i + CHUNK])
+            except NotImplementedError as e:
+                return self._kernel_unavailable(x, e)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _kernel_unavailable(self, x: torch.Tensor, e: NotImplementedError) -> torch.Tensor:
         """No int4jit kernel serves calls of this dtype and token count here (e.g. several tokens

@@ -232,12 +232,12 @@ def test_gradients_flow_to_x_through_every_path():
 @pytest.mark.gpu
 def test_gradients_flow_to_x_on_the_gpu_kernels():
     """On the GPU a call whose x requires grad (with grad enabled) runs the kernel through the
-    custom op, so y matches the reference and x.grad = dL/dy @ W, for one token and several; under
-    torch.no_grad the eager path is unchanged."""
+    custom op, so y matches the reference and x.grad = dL/dy @ W, for one token and several (40
+    in chunks of 16); under torch.no_grad the eager path is unchanged."""
     q = Int4Linear.from_linear(torch.nn.Linear(4096, 1024, bias=False).cuda(), group_size=128).cuda()
     w, s, z = (t.cpu().numpy() for t in (q.w, q.scales, q.zeros))
     W = torch.from_numpy(int4jit.dequantize(w, s, z)).cuda()
-    for tokens in (1, 4):
+    for tokens in (1, 4, 40):  # 40: the chunked path, one custom op a chunk
         x = torch.randn(1, tokens, 4096, device="cuda", dtype=torch.float16, requires_grad=True)
         y = q(x)
         assert y.requires_grad and y.shape == (1, tokens, 1024)
