@@ -439,6 +439,32 @@ class GemvWeights:
         """y for an x the caller has checked as __call__ does (its dtype, device, [..., K] holding
         `tokens` tokens, contiguous; no perm to apply). Makes the ShapedCall of x's shape and dtype
         on their first call."""
+        return self.launch_shaped(self._shaped_call(x, tokens), x, out)
+
+    def launch_chunks(self, x, out, chunk: int = MAX_TOKENS):
+        """out [T, N] = x [T, K] @ W^T for more tokens than one launch takes: one launch per `chunk`
+        rows (the last may hold fewer), each reading the int4 weights. x and out: contiguous 2-D
+        tensors of x's dtype on the layer's device, checked by the caller as __call__ checks x."""
+        T = x.shape[0]
+        if x.data_ptr() & 15:  # as launch_shaped: the kernel reads x in 16-byte loads
+            validate_x(x[:chunk], self.K, self.device_index)
+        whole, rest = divmod(T, chunk)
+        stream = self._stream_of(self.device_index)
+        full = self._planned(self._shaped_call(x[:chunk], chunk), x.dtype, stream) if whole else None
+        last = self._planned(self._shaped_call(x[T - rest:], rest), x.dtype, stream) if rest else None
+        x_ptr, y_ptr, x_step, y_step = x.data_ptr(), out.data_ptr(), 2 * chunk * self.K, 2 * chunk * self.N
+        with self._lock:  # the argument buffer is shared by the layer's callers
+            v = self._values
+            for i in range(whole):
+                v[0], v[4] = x_ptr + i * x_step, y_ptr + i * y_step
+                full.launch(self._args, stream)
+            if last is not None:
+                v[0], v[4] = x_ptr + whole * x_step, y_ptr + whole * y_step
+                last.launch(self._args, stream)
+        return out
+
+    def _shaped_call(self, x, tokens: int) -> ShapedCall:
+        """The ShapedCall of x's shape and dtype, made (and kept, outside a capture) on first use."""
         key = (x.shape, x.dtype)
         call = self.calls.get(key)
         if call is None:
@@ -448,7 +474,14 @@ class GemvWeights:
                 if len(self.calls) >= 64:
                     self.calls.clear()
                 self.calls[key] = call
-        return self.launch_shaped(call, x, out)
+        return call
+
+    def _planned(self, call: ShapedCall, dtype, stream: int) -> ShapedCall:
+        """call, planned again if a plan variable changed since it was made."""
+        env = _env_state()
+        if env != call.env:
+            call.launch, call.env = self._launch_for(call.tokens, dtype, stream), env
+        return call
 
     def launch_shaped(self, call: ShapedCall, x, out=None):
         """y for x through the ShapedCall of x's shape and dtype; the caller has checked x's device
@@ -459,9 +492,7 @@ class GemvWeights:
         if out is None:
             out = self._torch.empty_like(call.like, memory_format=self._torch.contiguous_format)
         stream = self._stream_of(self.device_index)
-        env = _env_state()
-        if env != call.env:  # a plan variable changed since: planned again
-            call.launch, call.env = self._launch_for(call.tokens, x.dtype, stream), env
+        self._planned(call, x.dtype, stream)
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
             v[0] = x_ptr

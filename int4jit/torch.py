@@ -5,8 +5,9 @@ Int4Linear's call of 1..16 tokens on the GPU runs the int4jit kernel through the
 GemvWeights (validated once; a call re-checks only x). Under torch.compile, and where x requires
 grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a fake
 implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
-(mode="reduce-overhead") capture the launch. Anything else (prefill, the CPU, a call no kernel
-serves on the target) dequantises and uses torch.matmul, with a warning naming why.
+(mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 80 by
+the weights' size) launch the kernel once per 16. Anything else (prefill, the CPU, a call no
+kernel serves on the target) dequantises and uses torch.matmul, with a warning naming why.
 """
 from __future__ import annotations
 
@@ -27,10 +28,17 @@ from .validate import validate
 log = logging.getLogger("int4jit")
 # The CPU path keeps the dequantised weight of a module up to this size (and dequantises once).
 CPU_DENSE_CACHE_BYTES = 1 << 30
-# GPU calls of 17..CHUNKED_TOKENS tokens launch the kernel once per CHUNK tokens; more dequantise
-# once and use cuBLAS. Both measured (bench/prefill.py; docs/performance.md, "Eager calls, prefill").
-CHUNK = MAX_TOKENS
-CHUNKED_TOKENS = 64
+# A GPU call of more tokens than one launch takes runs the kernel once per MAX_TOKENS tokens while
+# that costs less than dequantising the weight (a launch writing it dense, then cuBLAS reading
+# it): at most 2 launches under 16 MB of int4 weights, 3 under 64 MB, 5 above. Measured on
+# Llama-3-8B's projections, 16..128 tokens, H100 (bench/prefill.py; docs/performance.md).
+CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 5))
+
+
+def chunked_tokens(out_features: int, in_features: int) -> int:
+    """The most tokens Int4Linear's GPU call serves in launches of MAX_TOKENS; more dequantise."""
+    nbytes = out_features * in_features // 2
+    return MAX_TOKENS * next(n for limit, n in CHUNK_LIMITS if nbytes < limit)
 
 
 def _unpack_dequantize(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], dtype) -> torch.Tensor:
@@ -93,8 +101,9 @@ class Int4Linear(nn.Module):
     forward on [..., K] with 1..16 tokens, fp16 or bf16, on the GPU runs the int4jit kernels on
     torch's current stream (graph capture works): one token on the simt or tc kernel, several on
     the tensor-core kernels (NVIDIA sm_80+); a dtype and token count no kernel serves on the
-    target falls back, said once. More tokens (prefill) dequantise once per call on the GPU with
-    one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
+    target falls back, said once. Up to `chunked_tokens` (CHUNK_LIMITS) the kernel runs once per 16
+    tokens; more tokens (prefill) dequantise once per call on the GPU with one int4jit launch
+    (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
     weight is kept per module (up to CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
     enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
     constants). A conversion of the model's dtype leaves the scales as quantised. The weight
@@ -124,6 +133,7 @@ class Int4Linear(nn.Module):
         self._dense: Optional[torch.Tensor] = None
         self._warned = False
         self._no_kernel: set = set()  # (dtype, tokens) no kernel serves on this layer's target
+        self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, symmetric: bool = False) -> "Int4Linear":
@@ -187,7 +197,7 @@ class Int4Linear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         tokens = x.numel() // self.in_features
-        if x.is_cuda and MAX_TOKENS < tokens <= CHUNKED_TOKENS and x.dtype in (torch.float16, torch.bfloat16) \
+        if x.is_cuda and MAX_TOKENS < tokens <= self.chunked_tokens and x.dtype in (torch.float16, torch.bfloat16) \
                 and (x.dtype, tokens) not in self._no_kernel:
             return self._in_chunks(x, tokens)
         if x.is_cuda and 1 <= tokens <= MAX_TOKENS and x.dtype in (torch.float16, torch.bfloat16) \
@@ -205,19 +215,16 @@ class Int4Linear(nn.Module):
         return self._fallback(x)
 
     def _in_chunks(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
-        """17..CHUNKED_TOKENS tokens: the kernel once per CHUNK tokens (each launch reads the int4
-        weights; below CHUNKED_TOKENS that costs less than dequantising them, docs/performance.md)."""
+        """17..chunked_tokens tokens: the kernel once per MAX_TOKENS tokens, each launch reading the
+        int4 weights (cheaper than dequantising them up to chunked_tokens)."""
         x2 = x.reshape(tokens, self.in_features)
         x2 = x2 if x2.is_contiguous() else x2.contiguous()
         if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
-            y = torch.cat([torch.ops.int4jit.gemv(x2[i:i + CHUNK], self.w, self.scales, self.zeros)
-                           for i in range(0, tokens, CHUNK)])
+            y = torch.cat([torch.ops.int4jit.gemv(x2[i:i + MAX_TOKENS], self.w, self.scales, self.zeros)
+                           for i in range(0, tokens, MAX_TOKENS)])
         else:
-            layer = self._prepared()
-            y = x2.new_empty(tokens, self.out_features)
             try:
-                for i in range(0, tokens, CHUNK):
-                    layer.launch_checked(x2[i:i + CHUNK], min(CHUNK, tokens - i), y[i:i + CHUNK])
+                y = self._prepared().launch_chunks(x2, x2.new_empty(tokens, self.out_features))
             except NotImplementedError as e:
                 return self._kernel_unavailable(x, e)
         y = y.reshape(*x.shape[:-1], self.out_features)

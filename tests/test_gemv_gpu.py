@@ -468,15 +468,17 @@ def test_dense_dequantisation_for_prefill(N, K, group, symmetric, dtype):
     assert t.equal(out.cpu(), want)
 
 
-@pytest.mark.parametrize("tokens", [17, 40, 64, 65, 200])
+@pytest.mark.parametrize("tokens", [17, 40, 48, 49, 200])
 def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
     """More tokens than one launch takes: the kernel once per 16 tokens (a partial last chunk
-    included) up to CHUNKED_TOKENS, one dequantising launch + cuBLAS above; fp16 and bf16, with a
-    bias, against the float64 reference, and the path taken is the one documented."""
+    included) up to chunked_tokens (48 for 16 MB of int4 weights), one dequantising launch +
+    cuBLAS above; fp16 and bf16, with a bias, against the float64 reference, and the path taken
+    is the one documented."""
     t = _torch()
-    from int4jit.torch import CHUNKED_TOKENS, Int4Linear
-    lin = t.nn.Linear(4096, 2048).cuda().half()
+    from int4jit.torch import Int4Linear
+    lin = t.nn.Linear(4096, 8192).cuda().half()
     q = Int4Linear.from_linear(lin, group_size=128)
+    assert q.chunked_tokens == 48
     W = int4jit.dequantize(q.w.cpu().numpy(), q.scales.cpu().numpy(), q.zeros.cpu().numpy()).astype(np.float64)
     bias = q.bias.double().cpu().numpy()
     layer = q._prepared()
@@ -486,10 +488,10 @@ def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
     for dtype in (t.float16, t.bfloat16):
         xs = t.randn(1, tokens, 4096, device="cuda", dtype=dtype)
         y = q(xs)
-        assert y.shape == (1, tokens, 2048) and y.dtype == dtype
+        assert y.shape == (1, tokens, 8192) and y.dtype == dtype
         ref = xs[0].double().cpu().numpy() @ W.T + bias
         assert rel_error(y.float().cpu().numpy()[0], ref) <= (2e-3 if dtype == t.float16 else 5e-3)
-    assert len(dense_calls) == (2 if tokens > CHUNKED_TOKENS else 0)
+    assert len(dense_calls) == (2 if tokens > 48 else 0)
 
 
 @pytest.mark.parametrize("N,K,group,symmetric", [(4096, 4096, 128, False), (3001, 2048, 32, True), (896, 14336, 128, False)])

@@ -144,6 +144,48 @@ def test_act_order_layer_permutes_x_on_the_cpu():
         Int4Linear(w, s, z, perm=perm[:-1])
 
 
+def _stubbed_layer(mod, is_capturing=lambda stream: False):
+    """A GemvWeights for mod's weights on a stubbed GPU ('device -1', where a CPU tensor reports
+    itself; stream 0x50; weight pointers 1, 2, 3), launching through api.kernel_for."""
+    import threading
+    from int4jit.backends._args import PackedArgs
+    from int4jit.shapes import GemvShape
+    device = type("D", (), {"is_capturing": staticmethod(is_capturing)})()
+    layer = object.__new__(int4jit.GemvWeights)
+    N, K = mod.out_features, mod.in_features
+    layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, mod.group_size, mod.zeros is None), w=mod.w,
+                          scales=mod.scales, zeros=mod.zeros, perm=None, device_index=-1, device=device, N=N, K=K,
+                          _stream_of=lambda i: 0x50, _args=PackedArgs([0, 1, 2, 3, 0]), calls={}, _dense_launch={},
+                          _lock=threading.Lock())
+    layer._values = layer._args.values
+    return layer
+
+
+def test_launch_chunks_walks_x_and_y_a_chunk_a_launch(monkeypatch):
+    """GemvWeights.launch_chunks (Int4Linear's path for 17..chunked_tokens tokens): one launch per
+    16 rows with x's and y's pointers advanced a chunk each time, the partial last chunk through
+    its own plan; plans are made once and kept. The GPU is stubbed."""
+    from int4jit import api
+    N, K = 64, 256
+    mod = Int4Linear.from_linear(torch.nn.Linear(K, N, bias=False), group_size=128)
+    launched, planned = [], []
+
+    def kernel_for(dev, shape, config, stream, fixed_weights=False):
+        planned.append(shape.M)
+        return type("K", (), {"launch_packed": staticmethod(lambda args, s: launched.append((list(args.values), s, shape.M)))})()
+
+    layer = _stubbed_layer(mod)
+    monkeypatch.setattr(api, "kernel_for", kernel_for)
+    for T, chunks in ((40, [16, 16, 8]), (32, [16, 16]), (40, [16, 16, 8])):
+        x, y = torch.randn(T, K).half(), torch.empty(T, N).half()
+        assert layer.launch_chunks(x, y) is y
+        got = launched[-len(chunks):]
+        assert [m for _, _, m in got] == chunks
+        for i, (values, stream, _) in enumerate(got):
+            assert values == [x.data_ptr() + i * 16 * K * 2, 1, 2, 3, y.data_ptr() + i * 16 * N * 2] and stream == 0x50
+    assert planned == [16, 8] and len(launched) == 8  # each chunk shape planned once
+
+
 def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monkeypatch):
     """Int4Linear's eager call (the decode path: 1..16 tokens, fp16 or bf16) of an x shape and
     dtype that a checked call planned goes straight to its layer's ShapedCall: the launch gets x's
@@ -153,10 +195,7 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
     (as .to() / .cuda() or an assignment does) it no longer launches that layer. The GPU is
     stubbed: a layer prepared for 'device -1' (where a CPU tensor reports itself), whose checked
     call (GemvWeights.__call__) plans each shape first."""
-    import threading
     from int4jit import api
-    from int4jit.backends._args import PackedArgs
-    from int4jit.shapes import GemvShape
     N, K = 64, 256
     mod = Int4Linear.from_linear(torch.nn.Linear(K, N, bias=False), group_size=128)
     launched, planned = [], []
@@ -168,12 +207,7 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
         return type("K", (), {"launch_packed": staticmethod(lambda args, s: launched.append((list(args.values), s, shape)))})()
 
     capturing = [False]
-    device = type("D", (), {"is_capturing": staticmethod(lambda stream: capturing[0])})()
-    layer = object.__new__(int4jit.GemvWeights)
-    layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, 128, False), w=mod.w, scales=mod.scales, zeros=mod.zeros,
-                          perm=None, device_index=-1, device=device, N=N, K=K, _stream_of=lambda i: 0x50,
-                          _args=PackedArgs([0, 1, 2, 3, 0]), calls={}, _dense_launch={}, _lock=threading.Lock())
-    layer._values = layer._args.values
+    layer = _stubbed_layer(mod, lambda stream: capturing[0])
     monkeypatch.setattr(api, "kernel_for", kernel_for)
     monkeypatch.delenv("INT4JIT_CONFIG", raising=False)
     mod._layer = layer
