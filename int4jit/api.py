@@ -42,19 +42,21 @@ def _env_reader():
 _env_state = _env_reader()
 
 
-def kernel_for(dev, shape: GemvShape, config, stream: int, fixed_weights: bool = False) -> Kernel:
+def kernel_for(dev, shape: GemvShape, config, stream: int, fixed_weights: bool = False, tune: bool = True) -> Kernel:
     """The loaded kernel for this call. Planned once per (device, shape, config, environment
-    state, fixed_weights): changing INT4JIT_CONFIG later in the process takes effect."""
+    state, fixed_weights, tune): changing INT4JIT_CONFIG later in the process takes effect.
+    tune=False: no runtime search (the tuning DB, the table or the heuristic)."""
     key = (dev, shape, config if config is None or isinstance(config, str) else tuple(config), _env_state(),
-           fixed_weights)
+           fixed_weights, tune)
     k = _kernels.get(key)
     if k is None:
         # Benchmarking while the stream records a graph would launch into it: cheap tiers only,
         # and a heuristic pick made then is not kept (the next call outside the capture tunes).
         capturing = dev.is_capturing(stream)
-        p = plan(shape, dev.arch, dev, env=read_env(), config=config, tune=not capturing, fixed_weights=fixed_weights)
+        p = plan(shape, dev.arch, dev, env=read_env(), config=config, tune=tune and not capturing,
+                 fixed_weights=fixed_weights)
         k = load(dev, p.spec)
-        if p.tier != "heuristic" or not capturing:
+        if p.tier != "heuristic" or not (capturing and tune):
             with _kernels_lock:
                 _kernels[key] = k
     return k
@@ -387,6 +389,7 @@ class GemvWeights:
         # dtype needs only what its shape and dtype do not say checked (launch_shaped)
         self.calls: dict = {}
         self._dense_launch: dict = {}  # output dtype -> the dequantising launch
+        self._chunk_launches: dict = {}  # (tokens, dtype) -> (environment state, launch) for launch_chunks
         self._lock = threading.Lock()
 
     def dense(self, out):
@@ -409,12 +412,12 @@ class GemvWeights:
             launch(self._args, self._stream_of(self.device_index))
         return out
 
-    def _launch_for(self, tokens: int, dtype, stream: int):
+    def _launch_for(self, tokens: int, dtype, stream: int, tune: bool = True):
         """The launch for `tokens` tokens of `dtype` (kernel_for plans it once per environment state,
         so a later INT4JIT_CONFIG takes effect)."""
         name = "bfloat16" if dtype is self._torch.bfloat16 else "float16"
         shape = replace(self.shape, M=tokens, dtype=name)
-        return kernel_for(self.device, shape, None, stream, fixed_weights=True).launch_packed
+        return kernel_for(self.device, shape, None, stream, fixed_weights=True, tune=tune).launch_packed
 
     def __call__(self, x, out=None):
         """y [..., N] for x [..., K] (1..16 tokens, float16 or bfloat16) on the weights' device, on
@@ -444,24 +447,35 @@ class GemvWeights:
     def launch_chunks(self, x, out, chunk: int = MAX_TOKENS):
         """out [T, N] = x [T, K] @ W^T for more tokens than one launch takes: one launch per `chunk`
         rows (the last may hold fewer), each reading the int4 weights. x and out: contiguous 2-D
-        tensors of x's dtype on the layer's device, checked by the caller as __call__ checks x."""
+        tensors of x's dtype on the layer's device, checked by the caller as __call__ checks x.
+        The chunks' kernels come from the tuning DB, the table or the heuristic, never a runtime
+        search: a prompt does not wait for tuning (`int4jit warm --tokens` tunes them ahead)."""
         T = x.shape[0]
         if x.data_ptr() & 15:  # as launch_shaped: the kernel reads x in 16-byte loads
             validate_x(x[:chunk], self.K, self.device_index)
         whole, rest = divmod(T, chunk)
         stream = self._stream_of(self.device_index)
-        full = self._planned(self._shaped_call(x[:chunk], chunk), x.dtype, stream) if whole else None
-        last = self._planned(self._shaped_call(x[T - rest:], rest), x.dtype, stream) if rest else None
+        full = self._chunk_launch(chunk, x.dtype, stream) if whole else None
+        last = self._chunk_launch(rest, x.dtype, stream) if rest else None
         x_ptr, y_ptr, x_step, y_step = x.data_ptr(), out.data_ptr(), 2 * chunk * self.K, 2 * chunk * self.N
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
             for i in range(whole):
                 v[0], v[4] = x_ptr + i * x_step, y_ptr + i * y_step
-                full.launch(self._args, stream)
+                full(self._args, stream)
             if last is not None:
                 v[0], v[4] = x_ptr + whole * x_step, y_ptr + whole * y_step
-                last.launch(self._args, stream)
+                last(self._args, stream)
         return out
+
+    def _chunk_launch(self, tokens: int, dtype, stream: int):
+        """The launch for a chunk of `tokens` tokens, planned without a runtime search, once per
+        environment state."""
+        env = _env_state()
+        kept = self._chunk_launches.get((tokens, dtype))
+        if kept is None or kept[0] != env:
+            kept = self._chunk_launches[(tokens, dtype)] = (env, self._launch_for(tokens, dtype, stream, tune=False))
+        return kept[1]
 
     def _shaped_call(self, x, tokens: int) -> ShapedCall:
         """The ShapedCall of x's shape and dtype, made (and kept, outside a capture) on first use."""
@@ -476,13 +490,6 @@ class GemvWeights:
                 self.calls[key] = call
         return call
 
-    def _planned(self, call: ShapedCall, dtype, stream: int) -> ShapedCall:
-        """call, planned again if a plan variable changed since it was made."""
-        env = _env_state()
-        if env != call.env:
-            call.launch, call.env = self._launch_for(call.tokens, dtype, stream), env
-        return call
-
     def launch_shaped(self, call: ShapedCall, x, out=None):
         """y for x through the ShapedCall of x's shape and dtype; the caller has checked x's device
         and contiguity (Int4Linear's eager call, where a new x comes every call)."""
@@ -492,7 +499,9 @@ class GemvWeights:
         if out is None:
             out = self._torch.empty_like(call.like, memory_format=self._torch.contiguous_format)
         stream = self._stream_of(self.device_index)
-        self._planned(call, x.dtype, stream)
+        env = _env_state()
+        if env != call.env:  # a plan variable changed since: planned again
+            call.launch, call.env = self._launch_for(call.tokens, x.dtype, stream), env
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
             v[0] = x_ptr

@@ -156,7 +156,7 @@ def _stubbed_layer(mod, is_capturing=lambda stream: False):
     layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, mod.group_size, mod.zeros is None), w=mod.w,
                           scales=mod.scales, zeros=mod.zeros, perm=None, device_index=-1, device=device, N=N, K=K,
                           _stream_of=lambda i: 0x50, _args=PackedArgs([0, 1, 2, 3, 0]), calls={}, _dense_launch={},
-                          _lock=threading.Lock())
+                          _chunk_launches={}, _lock=threading.Lock())
     layer._values = layer._args.values
     return layer
 
@@ -164,13 +164,14 @@ def _stubbed_layer(mod, is_capturing=lambda stream: False):
 def test_launch_chunks_walks_x_and_y_a_chunk_a_launch(monkeypatch):
     """GemvWeights.launch_chunks (Int4Linear's path for 17..chunked_tokens tokens): one launch per
     16 rows with x's and y's pointers advanced a chunk each time, the partial last chunk through
-    its own plan; plans are made once and kept. The GPU is stubbed."""
+    its own plan; plans are made without a runtime search, once. The GPU is stubbed."""
     from int4jit import api
     N, K = 64, 256
     mod = Int4Linear.from_linear(torch.nn.Linear(K, N, bias=False), group_size=128)
     launched, planned = [], []
 
-    def kernel_for(dev, shape, config, stream, fixed_weights=False):
+    def kernel_for(dev, shape, config, stream, fixed_weights=False, tune=True):
+        assert fixed_weights and not tune  # a prompt never waits for a runtime search
         planned.append(shape.M)
         return type("K", (), {"launch_packed": staticmethod(lambda args, s: launched.append((list(args.values), s, shape.M)))})()
 
@@ -200,7 +201,7 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
     mod = Int4Linear.from_linear(torch.nn.Linear(K, N, bias=False), group_size=128)
     launched, planned = [], []
 
-    def kernel_for(dev, shape, config, stream, fixed_weights=False):
+    def kernel_for(dev, shape, config, stream, fixed_weights=False, tune=True):
         if shape.M == 5:
             raise NotImplementedError("no kernel for 5 tokens here")
         planned.append((shape, os.environ.get("INT4JIT_CONFIG")))
