@@ -311,13 +311,17 @@ def parse_dtypes(text: str) -> list[str]:
 
 
 def parse_tokens(text: str) -> list[int]:
-    """'1,4,8' -> [1, 4, 8]: token counts of one call (1..MAX_TOKENS)."""
+    """'1,4,8' -> [1, 4, 8], '1-16' -> 1..16: token counts of one call (1..MAX_TOKENS)."""
+    counts = []
     try:
-        counts = [int(t) for t in text.split(",") if t.strip()]
+        for item in (t.strip() for t in text.split(",") if t.strip()):
+            lo, _, hi = item.partition("-")
+            counts += range(int(lo), int(hi or lo) + 1)
     except ValueError:
         counts = []
     if not counts or any(not 1 <= m <= MAX_TOKENS for m in counts):
-        raise argparse.ArgumentTypeError(f"expected token counts 1..{MAX_TOKENS}, comma-separated; got {text[:60]!r}")
+        raise argparse.ArgumentTypeError(f"expected token counts 1..{MAX_TOKENS}, comma-separated or a range "
+                                         f"such as 1-16; got {text[:60]!r}")
     return list(dict.fromkeys(counts))
 
 
@@ -549,8 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--dtype", type=parse_dtypes, default=["float16"], metavar="float16,bfloat16",
                    help="activation types the model runs in, comma-separated (default float16)")
     w.add_argument("--tokens", type=parse_tokens, default=[1], metavar="1,4,8",
-                   help=f"tokens a call carries (1..{MAX_TOKENS}: speculative decoding, small batches), "
-                        f"comma-separated (default 1)")
+                   help=f"tokens a call carries (1..{MAX_TOKENS}: speculative decoding, small batches, and "
+                        f"Int4Linear's launches of 16 and a remainder for up to 80 tokens), comma-separated or "
+                        f"a range such as 1-16 (default 1)")
     w.set_defaults(func=cmd_warm)
     t = sub.add_parser("tune", help="tune one shape on this GPU and print every candidate",
                        description="Benchmark every candidate for one shape on this GPU and store the winner.")

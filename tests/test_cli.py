@@ -175,7 +175,13 @@ def test_warm_compile_only_covers_several_tokens(capsys):
     assert all(compiler.is_cached(s) for s in plan.search_space(shape, "sm_90"))
 
 
-@pytest.mark.parametrize("value", ["0", "17", "4,x", ""])
+def test_warm_tokens_take_lists_and_ranges():
+    assert cli.parse_tokens("1,4,8") == [1, 4, 8]
+    assert cli.parse_tokens("1-3,8,2") == [1, 2, 3, 8]
+    assert cli.parse_tokens("1-16") == list(range(1, 17))
+
+
+@pytest.mark.parametrize("value", ["0", "17", "4,x", "", "16-17", "3-1", "-2", "1-2-3"])
 def test_warm_tokens_must_be_1_to_16(value, capsys):
     with pytest.raises(SystemExit) as refused:
         cli.main(["warm", "--compile-only", "--tokens", value, "--shapes", "896x896"])
