@@ -448,15 +448,17 @@ class GemvWeights:
         """out [T, N] = x [T, K] @ W^T for more tokens than one launch takes: one launch per `chunk`
         rows (the last may hold fewer), each reading the int4 weights. x and out: contiguous 2-D
         tensors of x's dtype on the layer's device, checked by the caller as __call__ checks x.
-        The chunks' kernels come from the tuning DB, the table or the heuristic, never a runtime
-        search: a prompt does not wait for tuning (`int4jit warm --tokens` tunes them ahead)."""
+        The full chunks' kernel is planned as any call of `chunk` tokens is (tuned on first use;
+        a heuristic pick measured ~30% slower, H200); the last chunk's comes from the tuning DB,
+        the table or the heuristic, so prompts of new lengths never wait for a search
+        (`int4jit warm --tokens 1-16` tunes them all ahead)."""
         T = x.shape[0]
         if x.data_ptr() & 15:  # as launch_shaped: the kernel reads x in 16-byte loads
             validate_x(x[:chunk], self.K, self.device_index)
         whole, rest = divmod(T, chunk)
         stream = self._stream_of(self.device_index)
-        full = self._chunk_launch(chunk, x.dtype, stream) if whole else None
-        last = self._chunk_launch(rest, x.dtype, stream) if rest else None
+        full = self._chunk_launch(chunk, x.dtype, stream, tune=True) if whole else None
+        last = self._chunk_launch(rest, x.dtype, stream, tune=False) if rest else None
         x_ptr, y_ptr, x_step, y_step = x.data_ptr(), out.data_ptr(), 2 * chunk * self.K, 2 * chunk * self.N
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._values
@@ -468,13 +470,15 @@ class GemvWeights:
                 last(self._args, stream)
         return out
 
-    def _chunk_launch(self, tokens: int, dtype, stream: int):
-        """The launch for a chunk of `tokens` tokens, planned without a runtime search, once per
-        environment state."""
+    def _chunk_launch(self, tokens: int, dtype, stream: int, tune: bool):
+        """The launch for a chunk of `tokens` tokens, planned once per environment state (and kept
+        only outside a capture where it may tune, as kernel_for keeps its picks)."""
         env = _env_state()
-        kept = self._chunk_launches.get((tokens, dtype))
+        kept = self._chunk_launches.get((tokens, dtype, tune))
         if kept is None or kept[0] != env:
-            kept = self._chunk_launches[(tokens, dtype)] = (env, self._launch_for(tokens, dtype, stream, tune=False))
+            kept = (env, self._launch_for(tokens, dtype, stream, tune=tune))
+            if not (tune and self.device.is_capturing(stream)):
+                self._chunk_launches[(tokens, dtype, tune)] = kept
         return kept[1]
 
     def _shaped_call(self, x, tokens: int) -> ShapedCall:

@@ -554,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation types the model runs in, comma-separated (default float16)")
     w.add_argument("--tokens", type=parse_tokens, default=[1], metavar="1,4,8",
                    help=f"tokens a call carries (1..{MAX_TOKENS}: speculative decoding, small batches, and "
-                        f"Int4Linear's launches of 16 and a remainder for up to 80 tokens), comma-separated or "
+                        f"Int4Linear's launches of 16 and a remainder for up to 64 tokens), comma-separated or "
                         f"a range such as 1-16 (default 1)")
     w.set_defaults(func=cmd_warm)
     t = sub.add_parser("tune", help="tune one shape on this GPU and print every candidate",

@@ -5,7 +5,7 @@ Int4Linear's call of 1..16 tokens on the GPU runs the int4jit kernel through the
 GemvWeights (validated once; a call re-checks only x). Under torch.compile, and where x requires
 grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a fake
 implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
-(mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 80 by
+(mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 64 by
 the weights' size) launch the kernel once per 16. Anything else (prefill, the CPU, a call no
 kernel serves on the target) dequantises and uses torch.matmul, with a warning naming why.
 """
@@ -30,9 +30,9 @@ log = logging.getLogger("int4jit")
 CPU_DENSE_CACHE_BYTES = 1 << 30
 # A GPU call of more tokens than one launch takes runs the kernel once per MAX_TOKENS tokens while
 # that costs less than dequantising the weight (a launch writing it dense, then cuBLAS reading
-# it): at most 2 launches under 16 MB of int4 weights, 3 under 64 MB, 5 above. Measured on
-# Llama-3-8B's projections, 16..128 tokens, H100 (bench/prefill.py; docs/performance.md).
-CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 5))
+# it): at most 2 launches under 16 MB of int4 weights, 3 under 64 MB, 4 above. Measured on
+# Llama-3-8B's projections, 16..128 tokens, H100 and H200 (bench/prefill.py; docs/performance.md).
+CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 4))
 
 
 def chunked_tokens(out_features: int, in_features: int) -> int:
