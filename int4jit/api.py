@@ -389,7 +389,7 @@ class GemvWeights:
         # dtype needs only what its shape and dtype do not say checked (launch_shaped)
         self.calls: dict = {}
         self._dense_launch: dict = {}  # output dtype -> the dequantising launch
-        self._chunk_launches: dict = {}  # (tokens, dtype) -> (environment state, launch) for launch_chunks
+        self._chunk_launches: dict = {}  # (tokens, dtype, tune) -> (environment state, launch): launch_chunks
         self._lock = threading.Lock()
 
     def dense(self, out):
