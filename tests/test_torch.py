@@ -106,6 +106,40 @@ def test_cpu_fallback_warns_once_and_keeps_the_dense_weight(caplog):
     assert y2.shape == (1, 64)
 
 
+@pytest.mark.parametrize("N,K,tokens", [(1024, 4096, 32), (4096, 4096, 32), (8192, 4096, 48), (14336, 4096, 48),
+                                         (4096, 14336, 48), (16384, 8192, 64), (128256, 4096, 64)])
+def test_chunked_tokens_follow_the_weights_size(N, K, tokens):
+    """How many tokens Int4Linear serves as launches of 16 before dequantising: 2 launches under
+    16 MB of int4 weights, 3 under 64 MB, 4 from 64 MB (the measured break-even)."""
+    from int4jit.torch import chunked_tokens
+    assert chunked_tokens(N, K) == tokens
+
+
+def test_a_chunked_call_no_kernel_serves_falls_back_and_says_why(monkeypatch, caplog):
+    """Where no kernel serves 16 tokens (AMD, or sm < 80), the chunked call warns once naming the
+    reason, dequantises + multiplies (right), and does not try the kernel again for that count."""
+    import logging
+    lin = torch.nn.Linear(256, 64, bias=True)
+    q = Int4Linear.from_linear(lin, group_size=128)
+    tries = []
+
+    class NoKernel:
+        def launch_chunks(self, x, out):
+            tries.append(x.shape)
+            raise NotImplementedError("several tokens need the tensor-core kernels (NVIDIA sm_80+)")
+
+    monkeypatch.setattr(q, "_prepared", lambda: NoKernel())
+    W = torch.from_numpy(int4jit.dequantize(q.w.numpy(), q.scales.numpy(), q.zeros.numpy())).double()
+    x = torch.randn(2, 20, 256)
+    with caplog.at_level(logging.WARNING, logger="int4jit"):
+        y = q._in_chunks(x, 40)
+    assert y.shape == (2, 20, 64) and tries == [(40, 256)]
+    assert (x.dtype, 40) in q._no_kernel
+    assert any("tensor-core kernels" in r.getMessage() for r in caplog.records)
+    ref = x.double() @ W.t() + lin.bias.detach().to(torch.float16).double()
+    assert torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_custom_op_is_registered_with_a_fake_implementation():
     """torch.compile traces torch.ops.int4jit.gemv through its fake implementation: the output
     shape [..., N] and dtype of x, on x's device, without running anything."""
