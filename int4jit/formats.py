@@ -121,10 +121,6 @@ def act_order_perm(g_idx, K: int, group_size: int, what: str) -> np.ndarray | No
 
 
 # -- ONNX Runtime MatMulNBits ------------------------------------------------------------
-def matmulnbits_padded_k(K: int, block_size: int) -> int:
-    return -(-K // block_size) * block_size
-
-
 def from_matmulnbits(B, scales, zero_points=None, *, K: int, N: int, block_size: int, bits: int = 4,
                      g_idx=None, weight_prepacked: int = 0, name: str = "MatMulNBits") -> Int4Weights:
     """MatMulNBits (bits=4) tensors -> canonical Int4Weights.
