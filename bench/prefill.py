@@ -1,7 +1,7 @@
 """Prefill per layer (issue 19, item 3): Int4Linear on a prompt of many tokens against the dense
 layer in the same dtype (cuBLAS), per Llama-3-8B projection, fp16 and bf16.
 
-Int4Linear serves 17..CHUNKED_TOKENS tokens with the kernel once per 16 tokens, and more with one
+Int4Linear serves 17..chunked_tokens tokens with the kernel once per 16 tokens, and more with one
 dequantising launch (templates/dequant.hip) into a fresh workspace, then torch.matmul. Rows, per
 shape, dtype and token count, GPU time per call (CUDA events over back-to-back calls that walk
 enough copies of the layer to defeat L2; median of 5):
@@ -9,9 +9,9 @@ enough copies of the layer to defeat L2; median of 5):
   dense        F.linear with the dense weight in the activation dtype (what the model ran before
                quantising): the baseline
   int4jit      Int4Linear's forward
-  dequant + mm the dequantising launch then F.linear (Int4Linear's path above CHUNKED_TOKENS)
-  chunks of c  GemvWeights once per c tokens into slices of one y (Int4Linear's path for
-               17..CHUNKED_TOKENS tokens, c = 16); up to 128 tokens
+  dequant + mm the dequantising launch then F.linear (Int4Linear's path above chunked_tokens)
+  chunks of c  GemvWeights.launch_chunks: the kernel once per c tokens into one y (Int4Linear's
+               path for 17..chunked_tokens tokens, c = 16); up to 128 tokens
   dequant      the dequantising launch alone (GemvWeights.dense into a kept workspace); its
                bandwidth (int4 bytes read + dense bytes written) against the copy bandwidth
                measured in this run
@@ -81,8 +81,7 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
     if T <= CHUNKS_UP_TO:  # the kernel once per chunk of tokens, into slices of one y
         y = torch.empty(T, N, dtype=dtype, device=dev)
         for c in (8, 16):
-            row[f"chunks{c}_us"] = median_time(
-                lambda: [g(x[i:i + c], out=y[i:i + c]) for g in gw for i in range(0, T, c)], copies)
+            row[f"chunks{c}_us"] = median_time(lambda: [g.launch_chunks(x, y, chunk=c) for g in gw], copies)
     row["dequant_us"] = t_deq
     row["dequant_pct_copy"] = 100 * (per_copy + N * K * 2) / (t_deq * 1e-6) / copy_Bps
     row["ok"] = row["int4jit_rel_diff"] <= 1e-2
