@@ -160,6 +160,11 @@ class Int4Linear(nn.Module):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         return {**state, "_layer": None}
 
+    def __setstate__(self, state):  # a module pickled before chunked_tokens existed gets it
+        super().__setstate__(state)
+        if "chunked_tokens" not in self.__dict__:
+            self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
+
     @classmethod
     def from_weights(cls, weights) -> "Int4Linear":
         """From a converter's result (int4jit.Int4Weights: from_gptq, from_awq, from_matmulnbits,

@@ -115,6 +115,20 @@ def test_chunked_tokens_follow_the_weights_size(N, K, tokens):
     assert chunked_tokens(N, K) == tokens
 
 
+def test_a_module_pickled_without_chunked_tokens_gets_them():
+    import pickle
+    q = Int4Linear.from_linear(torch.nn.Linear(4096, 1024), group_size=128)
+    old = pickle.loads(pickle.dumps(q))
+    assert old.chunked_tokens == 32
+    state = q.__getstate__()
+    del state["chunked_tokens"]  # as an Int4Linear pickled before it existed
+    restored = Int4Linear.__new__(Int4Linear)
+    restored.__setstate__(state)
+    assert restored.chunked_tokens == 32
+    x = torch.randn(3, 4096)
+    assert torch.equal(restored(x), q(x))
+
+
 def test_a_chunked_call_no_kernel_serves_falls_back_and_says_why(monkeypatch, caplog):
     """Where no kernel serves 16 tokens (AMD, or sm < 80), the chunked call warns once naming the
     reason, dequantises + multiplies (right), and does not try the kernel again for that count."""
