@@ -202,22 +202,21 @@ class Int4Linear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         tokens = x.numel() // self.in_features
-        if x.is_cuda and MAX_TOKENS < tokens <= self.chunked_tokens and x.dtype in (torch.float16, torch.bfloat16) \
-                and (x.dtype, tokens) not in self._no_kernel:
+        if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and 1 <= tokens <= self.chunked_tokens) \
+                or (x.dtype, tokens) in self._no_kernel:
+            return self._fallback(x)
+        if tokens > MAX_TOKENS:
             return self._in_chunks(x, tokens)
-        if x.is_cuda and 1 <= tokens <= MAX_TOKENS and x.dtype in (torch.float16, torch.bfloat16) \
-                and (x.dtype, tokens) not in self._no_kernel:
-            x = x if x.is_contiguous() else x.contiguous()
-            if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
-                # the custom op: traced as one node, and differentiable in x (its backward)
-                y = torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros)
-            else:
-                try:
-                    y = self._prepared()(x)
-                except NotImplementedError as e:
-                    return self._kernel_unavailable(x, e)
-            return y if self.bias is None else y + self.bias.to(y.dtype)
-        return self._fallback(x)
+        x = x if x.is_contiguous() else x.contiguous()
+        if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
+            # the custom op: traced as one node, and differentiable in x (its backward)
+            y = torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros)
+        else:
+            try:
+                y = self._prepared()(x)
+            except NotImplementedError as e:
+                return self._kernel_unavailable(x, e)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _in_chunks(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
         """17..chunked_tokens tokens: the kernel once per MAX_TOKENS tokens, each launch reading the
