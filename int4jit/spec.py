@@ -19,8 +19,7 @@ from .shapes import GemvShape, LaunchConfig
 
 TEMPLATES = Path(__file__).parent / "templates"
 KERNELS = ("simt", "tc", "tc_batch")   # the GEMV kernels
-TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip", "tc_batch": "gemv_tc_batch.hip", "dequant": "dequant.hip",
-               "gemm": "gemm_sm90.hip", "xperm": "xperm.hip"}
+TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip", "tc_batch": "gemv_tc_batch.hip", "dequant": "dequant.hip"}
 PRELUDES = ("prelude_cuda.hip", "prelude_hip.hip")
 SPEC_SCHEMA = 2
 
@@ -119,7 +118,6 @@ class KernelSpec:
     inflight_bytes: int = field(compare=False)    # weight bytes one thread has in flight
     thread_bytes: int = field(compare=False)      # weight bytes one thread reads per row block
     regs: int = field(compare=False)              # registers per thread, estimated
-    smem: int = 0            # dynamic shared memory a block, bytes (the gemm kernel's ring)
 
     @property
     def template(self) -> str:
@@ -134,13 +132,10 @@ class KernelSpec:
 
     def canonical(self) -> dict:
         """Everything that makes this build and launch, as plain JSON values."""
-        record = {"schema": SPEC_SCHEMA, "shape": asdict(self.shape), "arch": self.arch, "kernel": self.kernel,
-                  "config": [self.config.BS, self.config.TN], "variant": self.variant.as_dict(),
-                  "params": [list(p) for p in self.params], "grid": self.grid, "block": self.block,
-                  "pdl": self.pdl, "template": template_hash(self.kernel)}
-        if self.smem:
-            record["smem"] = self.smem
-        return record
+        return {"schema": SPEC_SCHEMA, "shape": asdict(self.shape), "arch": self.arch, "kernel": self.kernel,
+                "config": [self.config.BS, self.config.TN], "variant": self.variant.as_dict(),
+                "params": [list(p) for p in self.params], "grid": self.grid, "block": self.block,
+                "pdl": self.pdl, "template": template_hash(self.kernel)}
 
     @functools.cached_property
     def _key(self) -> str:
@@ -422,49 +417,3 @@ def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -
         (("OUT_BF16", "true" if out_dtype == "bfloat16" else "false"),
          ("SCALE_BF16", "true" if shape.scale_dtype == "bfloat16" else "false")), _ceil(words, DEQUANT_BLOCK),
         DEQUANT_BLOCK, False, rows_per_block=0, k_efficiency=1.0, inflight_bytes=4, thread_bytes=4, regs=32)
-
-
-# The prefill GEMM (templates/gemm_sm90.hip): Hopper's wgmma, so sm_90a code for sm_90 devices.
-GEMM_ARCHS = {"sm_90": "sm_90a", "sm_90a": "sm_90a"}
-GEMM_TOK, GEMM_WGS, GEMM_STAGES = 128, 2, 4
-
-
-def gemm_unsupported(shape: GemvShape, arch: str) -> str | None:
-    """Why the prefill GEMM cannot serve `shape` on `arch`, or None."""
-    if arch not in GEMM_ARCHS:
-        return f"the int4 GEMM needs Hopper's wgmma (sm_90); {arch} dequantises and uses cuBLAS"
-    if shape.K % 128 or shape.group % 32 or shape.N % (64 * GEMM_WGS):
-        return (f"the int4 GEMM takes K % 128 == 0, group % 32 == 0 and N % {64 * GEMM_WGS} == 0; "
-                f"got N={shape.N}, K={shape.K}, group={shape.group}")
-    return None
-
-
-def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int, tok: int = GEMM_TOK, wgs: int = GEMM_WGS,
-                   stages: int = GEMM_STAGES, probe: int = 0) -> KernelSpec:
-    """templates/gemm_sm90.hip: y [T, N] = x' [T, K] @ dequant(w)^T for any T (a runtime argument;
-    the grid is persistent, one block an SM), the int4 weights read by the product itself."""
-    why = gemm_unsupported(shape, arch)
-    if why:
-        raise NotImplementedError(why)
-    acc = tok // 2
-    params = (("TOK", tok), ("WGS", wgs), ("STAGES", stages), ("PROBE", probe), *_dtype_params(shape),
-              ("AB", "bf16" if shape.dtype == "bfloat16" else "f16"),
-              ("D_REGS", "{" + ", ".join(f"%{i}" for i in range(acc)) + "}"),
-              ("D_OPERANDS", ", ".join(f'"+f"(d[{i}])' for i in range(acc))),
-              ("A0", acc), ("A1", acc + 1), ("A2", acc + 2), ("A3", acc + 3), ("DESC", acc + 4), ("ONE", acc + 5))
-    block = 128 * wgs
-    return KernelSpec(replace(shape, M=1), GEMM_ARCHS[arch], "gemm", LaunchConfig(block, 2), SIMT_VARIANT, params,
-                      sm_count, block, False, rows_per_block=64 * wgs, k_efficiency=1.0, inflight_bytes=32,
-                      thread_bytes=32, regs=168, smem=stages * tok * 256 + 1024)
-
-
-XPERM_BLOCK = 256
-
-
-def make_xperm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
-    """templates/xperm.hip: x' [T, K] for the GEMM (each 128-k step reordered as its A
-    fragments take k), T a runtime argument; a grid-stride loop over a fixed grid."""
-    key = GemvShape(1, shape.K, shape.group, shape.symmetric, dtype=shape.dtype)  # only K and the dtype matter
-    return KernelSpec(key, GEMM_ARCHS.get(arch, arch), "xperm", LaunchConfig(XPERM_BLOCK, 2), SIMT_VARIANT, (),
-                      8 * sm_count, XPERM_BLOCK, False, rows_per_block=0, k_efficiency=1.0, inflight_bytes=64,
-                      thread_bytes=64, regs=32)
