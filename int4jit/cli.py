@@ -316,7 +316,10 @@ def parse_tokens(text: str) -> list[int]:
     try:
         for item in (t.strip() for t in text.split(",") if t.strip()):
             lo, _, hi = item.partition("-")
-            counts += range(int(lo), int(hi or lo) + 1)
+            first, last = int(lo), int(hi or lo)
+            if last < first:  # a range written backwards is refused, not read as empty
+                raise ValueError(item)
+            counts += range(first, last + 1)
     except ValueError:
         counts = []
     if not counts or any(not 1 <= m <= MAX_TOKENS for m in counts):

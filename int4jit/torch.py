@@ -41,6 +41,12 @@ def chunked_tokens(out_features: int, in_features: int) -> int:
     return MAX_TOKENS * next(n for limit, n in CHUNK_LIMITS if nbytes < limit)
 
 
+def _through_op(x: torch.Tensor) -> bool:
+    """Whether a kernel call goes through the custom op: under torch.compile (traced as one node)
+    or where x needs a gradient (its backward)."""
+    return torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled())
+
+
 def _unpack_dequantize(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], dtype) -> torch.Tensor:
     """Canonical int4 tensors -> dense [N, K] weight in `dtype`, on their device (one pass)."""
     q = torch.stack((w & 0xF, w >> 4), dim=-1).reshape(w.shape[0], -1).to(torch.float32)
@@ -208,22 +214,21 @@ class Int4Linear(nn.Module):
         if tokens > MAX_TOKENS:
             return self._in_chunks(x, tokens)
         x = x if x.is_contiguous() else x.contiguous()
-        if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
-            # the custom op: traced as one node, and differentiable in x (its backward)
+        if _through_op(x):
             y = torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros)
         else:
             try:
                 y = self._prepared()(x)
             except NotImplementedError as e:
                 return self._kernel_unavailable(x, e)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return self._plus_bias(y)
 
     def _in_chunks(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
         """17..chunked_tokens tokens: the kernel once per MAX_TOKENS tokens, each launch reading the
         int4 weights (cheaper than dequantising them up to chunked_tokens)."""
         x2 = x.reshape(tokens, self.in_features)
         x2 = x2 if x2.is_contiguous() else x2.contiguous()
-        if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
+        if _through_op(x):
             y = torch.cat([torch.ops.int4jit.gemv(x2[i:i + MAX_TOKENS], self.w, self.scales, self.zeros)
                            for i in range(0, tokens, MAX_TOKENS)])
         else:
@@ -232,6 +237,9 @@ class Int4Linear(nn.Module):
             except NotImplementedError as e:
                 return self._kernel_unavailable(x, e)
         y = y.reshape(*x.shape[:-1], self.out_features)
+        return self._plus_bias(y)
+
+    def _plus_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _kernel_unavailable(self, x: torch.Tensor, e: NotImplementedError) -> torch.Tensor:
@@ -262,7 +270,7 @@ class Int4Linear(nn.Module):
             if W.dtype != x.dtype:
                 W = W.to(x.dtype)
         y = torch.matmul(x, W.t())
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return self._plus_bias(y)
 
 
 def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = False, skip=()) -> nn.Module:

@@ -181,7 +181,7 @@ def test_warm_tokens_take_lists_and_ranges():
     assert cli.parse_tokens("1-16") == list(range(1, 17))
 
 
-@pytest.mark.parametrize("value", ["0", "17", "4,x", "", "16-17", "3-1", "-2", "1-2-3"])
+@pytest.mark.parametrize("value", ["0", "17", "4,x", "", "16-17", "3-1", "1,3-1", "-2", "1-2-3"])
 def test_warm_tokens_must_be_1_to_16(value, capsys):
     with pytest.raises(SystemExit) as refused:
         cli.main(["warm", "--compile-only", "--tokens", value, "--shapes", "896x896"])
