@@ -16,7 +16,7 @@ from .env import ALIASES
 from .launch import Kernel, load
 from .plan import PLAN_VARIABLES, config_override, plan, read_env
 from .shapes import MAX_TOKENS, GemvShape
-from .spec import make_dequant_spec
+from .spec import GEMM_TOKENS, gemm_unsupported, make_dequant_spec, make_gemm_spec, make_xperm_spec
 from .trace import trace
 from .validate import validate, validate_x
 
@@ -389,6 +389,10 @@ class GemvWeights:
         # dtype needs only what its shape and dtype do not say checked (launch_shaped)
         self.calls: dict = {}
         self._dense_launch: dict = {}  # output dtype -> the dequantising launch
+        self._gemm_launches: dict = {}  # activation dtype -> (x' launch, GEMM launch): matmul
+        self._gemm_why: dict = {}  # activation dtype -> why matmul cannot serve it, or None
+        # The GEMM's arguments: the GEMV's five and the token count
+        self._gemm_args = PackedArgs([0, infos[1].ptr, infos[2].ptr, 0 if zeros is None else infos[3].ptr, 0, 0])
         self._chunk_launches: dict = {}  # (tokens, dtype, tune) -> (environment state, launch): launch_chunks
         self._lock = threading.Lock()
 
@@ -412,12 +416,49 @@ class GemvWeights:
             launch(self._args, self._stream_of(self.device_index))
         return out
 
+    def _shape_for(self, dtype, tokens: int = 1) -> GemvShape:
+        """The layer's shape for calls of `tokens` tokens of torch `dtype`."""
+        return replace(self.shape, M=tokens, dtype="bfloat16" if dtype is self._torch.bfloat16 else "float16")
+
+    def gemm_unsupported(self, dtype) -> str | None:
+        """Why matmul cannot serve x of `dtype` on this layer's device, or None (worked out once
+        per dtype: Int4Linear asks on every prefill call)."""
+        if dtype not in self._gemm_why:
+            self._gemm_why[dtype] = gemm_unsupported(self._shape_for(dtype), self.device.arch)
+        return self._gemm_why[dtype]
+
+    def matmul(self, x, out):
+        """out [T, N] = x [T, K] @ W^T for a prompt of any T on Hopper (sm_90): x laid out for the
+        GEMM in a workspace (templates/xperm.hip), then the GEMM that reads the int4 weights itself
+        (templates/gemm_sm90.hip), on torch's current stream; no dense copy of the weight. x and out:
+        contiguous 2-D float16 or bfloat16 tensors on the layer's device, checked by the caller as
+        __call__ checks x. NotImplementedError where gemm_unsupported says why."""
+        launches = self._gemm_launches.get(x.dtype)
+        if launches is None:
+            why = self.gemm_unsupported(x.dtype)
+            if why:
+                raise NotImplementedError(why)
+            shape, arch, sms = self._shape_for(x.dtype), self.device.arch, self.device.sm_count
+            launches = self._gemm_launches[x.dtype] = (load(self.device, make_xperm_spec(shape, arch, sms)).launch_packed,
+                                                       load(self.device, make_gemm_spec(shape, arch, sms)).launch_packed)
+        T = x.shape[0]
+        if x.data_ptr() & 15:  # as launch_shaped: x is read in 16-byte loads
+            validate_x(x[:MAX_TOKENS], self.K, self.device_index)
+        xp = self._torch.empty((-(-T // GEMM_TOKENS) * GEMM_TOKENS, self.K), dtype=x.dtype, device=x.device)
+        stream = self._stream_of(self.device_index)
+        with self._lock:  # the argument buffer is shared by the layer's callers
+            v = self._gemm_args.values
+            v[0], v[4], v[5] = x.data_ptr(), xp.data_ptr(), T
+            launches[0](self._gemm_args, stream)
+            v[0], v[4] = xp.data_ptr(), out.data_ptr()
+            launches[1](self._gemm_args, stream)
+        return out
+
     def _launch_for(self, tokens: int, dtype, stream: int, tune: bool = True):
         """The launch for `tokens` tokens of `dtype` (kernel_for plans it once per environment state,
         so a later INT4JIT_CONFIG takes effect)."""
-        name = "bfloat16" if dtype is self._torch.bfloat16 else "float16"
-        shape = replace(self.shape, M=tokens, dtype=name)
-        return kernel_for(self.device, shape, None, stream, fixed_weights=True, tune=tune).launch_packed
+        return kernel_for(self.device, self._shape_for(dtype, tokens), None, stream, fixed_weights=True,
+                          tune=tune).launch_packed
 
     def __call__(self, x, out=None):
         """y [..., N] for x [..., K] (1..16 tokens, float16 or bfloat16) on the weights' device, on

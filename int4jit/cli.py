@@ -16,7 +16,7 @@ from ._version import __version__
 from .errors import BackendUnavailable, CompileError, Int4JitError
 from .reference import dequantize, random_problem, reference_gemv
 from .shapes import ACTIVATION_DTYPES, MAX_TOKENS, SUPPORTED_GROUPS, GemvShape
-from .spec import make_dequant_spec
+from .spec import KNOWN_TARGETS, gemm_unsupported, make_dequant_spec, make_gemm_spec, make_xperm_spec
 
 DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
 DEFAULT_TARGETS = ["sm_90", "gfx90a", "gfx1030"]
@@ -289,10 +289,14 @@ def compile_specs(specs, jobs: int, desc: str = "compile") -> tuple[list, dict]:
 
 def _launched_specs(p, shape: GemvShape, arch: str, device, exhaustive) -> list:
     """What a model's calls launch for a planned shape: the plan's kernel (first), the
-    fixed-weights (early) build GemvWeights / Int4Linear launch, and the dequantising kernel
-    Int4Linear's prefill launches (in the activations' type)."""
-    return [p.spec, plan.plan(shape, arch, device, exhaustive=exhaustive, fixed_weights=True).spec,
-            make_dequant_spec(shape, p.spec.arch, shape.dtype)]
+    fixed-weights (early) build GemvWeights / Int4Linear launch, and the kernels Int4Linear's
+    prefill launches (in the activations' type): the dequantising one, and on Hopper the GEMM's two."""
+    specs = [p.spec, plan.plan(shape, arch, device, exhaustive=exhaustive, fixed_weights=True).spec,
+             make_dequant_spec(shape, p.spec.arch, shape.dtype)]
+    if gemm_unsupported(shape, arch) is None:
+        sms = device.sm_count if device is not None else KNOWN_TARGETS[arch][0]
+        specs += [make_xperm_spec(shape, arch, sms), make_gemm_spec(shape, arch, sms)]
+    return specs
 
 
 def _warm_plan(shape: GemvShape, arch: str, exhaustive) -> tuple:

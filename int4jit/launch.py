@@ -21,7 +21,8 @@ class Kernel:
 
     def __post_init__(self):
         # (args, stream) -> None, prepared by the device once: the per-call launch.
-        self.launch_packed = self.device.launcher(self.function, self.spec.grid, self.spec.block, self.spec.pdl)
+        self.launch_packed = self.device.launcher(self.function, self.spec.grid, self.spec.block, self.spec.pdl,
+                                                  self.spec.smem)
 
     def __call__(self, x_ptr: int, w_ptr: int, s_ptr: int, z_ptr: int, y_ptr: int, stream: int = 0):
         self.launch_packed(PackedArgs((x_ptr, w_ptr, s_ptr, z_ptr, y_ptr)), stream)

@@ -19,7 +19,8 @@ from .shapes import GemvShape, LaunchConfig
 
 TEMPLATES = Path(__file__).parent / "templates"
 KERNELS = ("simt", "tc", "tc_batch")   # the GEMV kernels
-TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip", "tc_batch": "gemv_tc_batch.hip", "dequant": "dequant.hip"}
+TEMPLATE_OF = {"simt": "gemv.hip", "tc": "gemv_tc.hip", "tc_batch": "gemv_tc_batch.hip", "dequant": "dequant.hip",
+               "gemm": "gemm_sm90.hip", "xperm": "xperm.hip"}
 PRELUDES = ("prelude_cuda.hip", "prelude_hip.hip")
 SPEC_SCHEMA = 2
 
@@ -118,6 +119,7 @@ class KernelSpec:
     inflight_bytes: int = field(compare=False)    # weight bytes one thread has in flight
     thread_bytes: int = field(compare=False)      # weight bytes one thread reads per row block
     regs: int = field(compare=False)              # registers per thread, estimated
+    smem: int = 0            # dynamic shared memory a block, bytes (the gemm kernel's ring)
 
     @property
     def template(self) -> str:
@@ -132,10 +134,13 @@ class KernelSpec:
 
     def canonical(self) -> dict:
         """Everything that makes this build and launch, as plain JSON values."""
-        return {"schema": SPEC_SCHEMA, "shape": asdict(self.shape), "arch": self.arch, "kernel": self.kernel,
-                "config": [self.config.BS, self.config.TN], "variant": self.variant.as_dict(),
-                "params": [list(p) for p in self.params], "grid": self.grid, "block": self.block,
-                "pdl": self.pdl, "template": template_hash(self.kernel)}
+        record = {"schema": SPEC_SCHEMA, "shape": asdict(self.shape), "arch": self.arch, "kernel": self.kernel,
+                  "config": [self.config.BS, self.config.TN], "variant": self.variant.as_dict(),
+                  "params": [list(p) for p in self.params], "grid": self.grid, "block": self.block,
+                  "pdl": self.pdl, "template": template_hash(self.kernel)}
+        if self.smem:
+            record["smem"] = self.smem
+        return record
 
     @functools.cached_property
     def _key(self) -> str:
@@ -417,3 +422,55 @@ def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -
         (("OUT_BF16", "true" if out_dtype == "bfloat16" else "false"),
          ("SCALE_BF16", "true" if shape.scale_dtype == "bfloat16" else "false")), _ceil(words, DEQUANT_BLOCK),
         DEQUANT_BLOCK, False, rows_per_block=0, k_efficiency=1.0, inflight_bytes=4, thread_bytes=4, regs=32)
+
+
+# The prefill GEMM (templates/gemm_sm90.hip): Hopper's wgmma, so sm_90a code for sm_90 devices.
+# One geometry: tiles of 128 rows (two warpgroups) by 128 tokens, a 4-stage ring of x' (32 KB a
+# stage). Measured on an H100 against 64-token tiles and 3 or 6 stages (docs/performance.md).
+GEMM_ARCHS = {"sm_90": "sm_90a", "sm_90a": "sm_90a"}
+GEMM_ROWS, GEMM_TOKENS, GEMM_STAGES = 128, 128, 4
+GEMM_BLOCK = 2 * GEMM_ROWS  # a warpgroup (128 threads) for each 64 rows
+
+
+def gemm_unsupported(shape: GemvShape, arch: str) -> str | None:
+    """Why the prefill GEMM cannot serve `shape` on `arch`, or None."""
+    if arch not in GEMM_ARCHS:
+        return f"the int4 GEMM needs Hopper's wgmma (sm_90); {arch} dequantises and uses cuBLAS"
+    if shape.K % 128 or shape.group % 32 or shape.N % GEMM_ROWS:
+        return (f"the int4 GEMM takes K % 128 == 0, group % 32 == 0 and N % {GEMM_ROWS} == 0; "
+                f"got N={shape.N}, K={shape.K}, group={shape.group}")
+    return None
+
+
+def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
+    """templates/gemm_sm90.hip: y [T, N] = x [T, K] @ dequant(w)^T for any T (a runtime argument;
+    a persistent grid of one block an SM) from x' (make_xperm_spec), the int4 weights read by
+    the product itself. NotImplementedError where gemm_unsupported says why."""
+    why = gemm_unsupported(shape, arch)
+    if why:
+        raise NotImplementedError(why)
+    acc = GEMM_TOKENS // 2  # fp32 accumulators a thread: the wgmma's operand list
+    params = (("TOK", GEMM_TOKENS), ("WGS", GEMM_ROWS // 64), ("STAGES", GEMM_STAGES), *_dtype_params(shape),
+              ("AB", "bf16" if shape.dtype == "bfloat16" else "f16"),
+              ("D_REGS", "{" + ", ".join(f"%{i}" for i in range(acc)) + "}"),
+              ("D_OPERANDS", ", ".join(f'"+f"(d[{i}])' for i in range(acc))),
+              ("A0", acc), ("A1", acc + 1), ("A2", acc + 2), ("A3", acc + 3), ("DESC", acc + 4), ("ONE", acc + 5))
+    smem = GEMM_STAGES * GEMM_TOKENS * 256 + 1024 + 16 * GEMM_STAGES  # ring, its alignment, the mbarriers
+    return KernelSpec(replace(shape, M=1), GEMM_ARCHS[arch], "gemm", LaunchConfig(GEMM_BLOCK, 2), SIMT_VARIANT,
+                      params, sm_count, GEMM_BLOCK, False, rows_per_block=GEMM_ROWS, k_efficiency=1.0,
+                      inflight_bytes=64, thread_bytes=32, regs=168, smem=smem)
+
+
+XPERM_BLOCK = 256
+
+
+def make_xperm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
+    """templates/xperm.hip: x' [tiles of GEMM_TOKENS, K] for the GEMM (its shared-memory stages,
+    one bulk copy each), T a runtime argument; a grid-stride loop over a fixed grid."""
+    why = gemm_unsupported(shape, arch)
+    if why:
+        raise NotImplementedError(why)
+    key = GemvShape(1, shape.K, shape.group, shape.symmetric, dtype=shape.dtype)  # only K and the dtype matter
+    return KernelSpec(key, GEMM_ARCHS[arch], "xperm", LaunchConfig(XPERM_BLOCK, 2), SIMT_VARIANT,
+                      (("TOK", GEMM_TOKENS),), 8 * sm_count, XPERM_BLOCK, False, rows_per_block=0,
+                      k_efficiency=1.0, inflight_bytes=64, thread_bytes=64, regs=32)

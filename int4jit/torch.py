@@ -6,8 +6,9 @@ GemvWeights (validated once; a call re-checks only x). Under torch.compile, and 
 grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a fake
 implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
 (mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 64 by
-the weights' size) launch the kernel once per 16. Anything else (prefill, the CPU, a call no
-kernel serves on the target) dequantises and uses torch.matmul, with a warning naming why.
+the weights' size) launch the kernel once per 16; a prompt of up to GEMM_MAX_TOKENS on Hopper
+runs the int4 GEMM. Anything else (longer prefill, the CPU, a call no kernel serves on the
+target) dequantises and uses torch.matmul, with a warning naming why.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from torch import nn
 
 from .api import GemvWeights, permutation_fault
 from .shapes import MAX_TOKENS
+from .spec import GEMM_ROWS, GEMM_TOKENS
 from .reference import quantize
 from .trace import trace
 from .validate import validate
@@ -33,6 +35,12 @@ CPU_DENSE_CACHE_BYTES = 1 << 30
 # it): at most 2 launches under 16 MB of int4 weights, 3 under 64 MB, 4 above. Measured on
 # Llama-3-8B's projections, 16..128 tokens, H100 and H200 (bench/prefill.py; docs/performance.md).
 CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 4))
+# Past chunked_tokens, on Hopper, the int4 GEMM (GemvWeights.matmul) serves prompts of up to
+# GEMM_MAX_TOKENS where its tiles (128 rows x 128 tokens) fill every SM; elsewhere (more tokens,
+# few tiles, other GPUs) one dequantising launch + cuBLAS. H100, 512 tokens: gate/up 132 us against
+# 145, lm_head 1073 against 1236, k/v (32 tiles) 37.7 against 24.2; 2048 tokens: gate/up 503
+# against 398 (docs/performance.md).
+GEMM_MAX_TOKENS = 640
 
 
 def chunked_tokens(out_features: int, in_features: int) -> int:
@@ -108,8 +116,9 @@ class Int4Linear(nn.Module):
     torch's current stream (graph capture works): one token on the simt or tc kernel, several on
     the tensor-core kernels (NVIDIA sm_80+); a dtype and token count no kernel serves on the
     target falls back, said once. Up to `chunked_tokens` (CHUNK_LIMITS) the kernel runs once per 16
-    tokens; more tokens (prefill) dequantise once per call on the GPU with one int4jit launch
-    (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
+    tokens; a prompt of up to GEMM_MAX_TOKENS on Hopper (sm_90) runs the int4 GEMM
+    (GemvWeights.matmul) where its tiles fill the GPU; other prefills dequantise once per call on
+    the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
     weight is kept per module (up to CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
     enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
     constants). A conversion of the model's dtype leaves the scales as quantised. The weight
@@ -210,6 +219,8 @@ class Int4Linear(nn.Module):
         tokens = x.numel() // self.in_features
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and 1 <= tokens <= self.chunked_tokens) \
                 or (x.dtype, tokens) in self._no_kernel:
+            if self._gemm_serves(x, tokens):
+                return self._through_gemm(x, tokens)
             return self._fallback(x)
         if tokens > MAX_TOKENS:
             return self._in_chunks(x, tokens)
@@ -238,6 +249,21 @@ class Int4Linear(nn.Module):
                 return self._kernel_unavailable(x, e)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return self._plus_bias(y)
+
+    def _gemm_serves(self, x: torch.Tensor, tokens: int) -> bool:
+        """A prompt the int4 GEMM takes (GEMM_MAX_TOKENS): on Hopper, eager, enough tiles for every SM."""
+        if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+                and self.chunked_tokens < tokens <= GEMM_MAX_TOKENS) or _through_op(x):
+            return False
+        layer = self._prepared()
+        tiles = self.out_features // GEMM_ROWS * -(-tokens // GEMM_TOKENS)
+        return tiles >= layer.device.sm_count and layer.gemm_unsupported(x.dtype) is None
+
+    def _through_gemm(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
+        x2 = x.reshape(tokens, self.in_features)
+        x2 = x2 if x2.is_contiguous() else x2.contiguous()
+        y = self._prepared().matmul(x2, x2.new_empty(tokens, self.out_features))
+        return self._plus_bias(y.reshape(*x.shape[:-1], self.out_features))
 
     def _plus_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias.to(y.dtype)

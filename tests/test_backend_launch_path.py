@@ -205,6 +205,33 @@ def test_cuda_prepared_launch_through_ctypes(overlap, fake_cuda, monkeypatch):
                             ("cuLaunchKernelEx", fn, (896, 1, 1), (128, 1, 1), 0, 0x88, [0x1100, 0x2000, 0x3000, 0, 0x5000], None, attr)]
 
 
+@pytest.mark.parametrize("smem", [0, 48 * 1024, 132160])
+def test_cuda_launch_with_dynamic_shared_memory(smem, fake_cuda, monkeypatch):
+    """A launch's dynamic shared memory reaches the config; past 48 KB the function opts in
+    first (cuFuncSetAttribute, once per launcher), at or under it it does not."""
+    fake, _ = fake_cuda
+    opted = []
+    fake.CUfunction_attribute = type("F", (), {"CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES": 8})
+    fake.overrides["cuFuncSetAttribute"] = lambda f, attr, value: opted.append((f, attr, value)) or (Status(0),)
+    lib = FakeLibcuda()
+    monkeypatch.setattr(cuda, "_libcuda", lambda: lib)
+    dev = cuda.Device(0)
+    _, fn = dev.load(b"x", "k")
+    run = dev.launcher(fn, 132, 256, False, smem)
+    run(PackedArgs([1, 2, 3, 4, 5]), 0x77)
+    run(PackedArgs([1, 2, 3, 4, 5]), 0x77)
+    assert [launch[4] for launch in lib.launches] == [smem, smem]
+    assert opted == ([(fn, 8, smem)] if smem > 48 * 1024 else [])
+
+
+def test_hip_launch_with_dynamic_shared_memory(fake_hip):
+    _, seen = fake_hip
+    dev = hip.Device(0)
+    _, fn = dev.load(b"x", "k")
+    dev.launch(fn, 64, 256, PackedArgs([1, 2, 3, 4, 5]), 0, smem=32768)
+    assert seen["launch"][7] == 32768
+
+
 def test_cuda_ctypes_launch_error_names_the_call_and_status(fake_cuda, monkeypatch):
     monkeypatch.setattr(cuda, "_libcuda", lambda: FakeLibcuda(status=719))
     dev = cuda.Device(0)

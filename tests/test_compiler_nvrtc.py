@@ -99,3 +99,13 @@ def test_forget_drops_the_file_and_the_memo():
     compiler.forget(ck)
     assert not compiler.code_object_path(ck.key).exists() and not compiler.is_cached(spec)
     assert compiler.build(spec).binary == ck.binary and compiler.is_cached(spec)
+
+
+@pytest.mark.parametrize("dtype,symmetric", [("float16", False), ("bfloat16", True)])
+def test_prefill_gemm_compiles_for_sm90a(dtype, symmetric):
+    """The prefill GEMM (wgmma, bulk copies, mbarriers) and its x layout kernel build as sm_90a code."""
+    from int4jit.spec import make_gemm_spec, make_xperm_spec
+    shape = GemvShape(14336, 4096, 128, symmetric, dtype=dtype)
+    for spec in (make_gemm_spec(shape, "sm_90", 132), make_xperm_spec(shape, "sm_90", 132)):
+        ck = compiler.build(spec)
+        assert ck.binary[:4] == CUBIN_MAGIC and ck.kernel.encode() in ck.binary and spec.arch == "sm_90a"

@@ -468,30 +468,78 @@ def test_dense_dequantisation_for_prefill(N, K, group, symmetric, dtype):
     assert t.equal(out.cpu(), want)
 
 
-@pytest.mark.parametrize("tokens", [17, 40, 48, 49, 200])
+def _hopper() -> bool:
+    return _torch().cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.parametrize("tokens", [17, 40, 48, 49, 200, 300, 700])
 def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
     """More tokens than one launch takes: the kernel once per 16 tokens (a partial last chunk
-    included) up to chunked_tokens (48 for 16 MB of int4 weights), one dequantising launch +
-    cuBLAS above; fp16 and bf16, with a bias, against the float64 reference, and the path taken
-    is the one documented."""
+    included) up to chunked_tokens (48 for 16 MB of int4 weights); above, the int4 GEMM on Hopper
+    where its tiles fill the SMs and up to GEMM_MAX_TOKENS (300 tokens: 64 x 3 tiles), else one
+    dequantising launch + cuBLAS (200 tokens: 128 tiles; 700 tokens). fp16 and bf16, with a bias,
+    against the float64 reference, and the path taken is the one documented."""
     t = _torch()
-    from int4jit.torch import Int4Linear
+    from int4jit.torch import GEMM_MAX_TOKENS, Int4Linear
     lin = t.nn.Linear(4096, 8192).cuda().half()
     q = Int4Linear.from_linear(lin, group_size=128)
     assert q.chunked_tokens == 48
     W = int4jit.dequantize(q.w.cpu().numpy(), q.scales.cpu().numpy(), q.zeros.cpu().numpy()).astype(np.float64)
     bias = q.bias.double().cpu().numpy()
     layer = q._prepared()
-    dense_calls = []
-    real_dense = layer.dense
+    dense_calls, gemm_calls = [], []
+    real_dense, real_matmul = layer.dense, layer.matmul
     monkeypatch.setattr(layer, "dense", lambda out: dense_calls.append(out.dtype) or real_dense(out))
+    monkeypatch.setattr(layer, "matmul", lambda x, out: gemm_calls.append(x.dtype) or real_matmul(x, out))
     for dtype in (t.float16, t.bfloat16):
         xs = t.randn(1, tokens, 4096, device="cuda", dtype=dtype)
         y = q(xs)
         assert y.shape == (1, tokens, 8192) and y.dtype == dtype
         ref = xs[0].double().cpu().numpy() @ W.T + bias
         assert rel_error(y.float().cpu().numpy()[0], ref) <= (2e-3 if dtype == t.float16 else 5e-3)
-    assert len(dense_calls) == (2 if tokens > 48 else 0)
+    gemm = _hopper() and 64 * -(-tokens // 128) >= layer.device.sm_count and tokens <= GEMM_MAX_TOKENS
+    assert len(gemm_calls) == (2 if gemm else 0)
+    assert len(dense_calls) == (2 if tokens > 48 and not gemm else 0)
+
+
+GEMM_CASES = [(128, 256, 128, False, 1), (384, 1024, 32, True, 77), (1024, 4096, 64, False, 300),
+              (4096, 4096, 128, False, 512), (256, 14336, 128, True, 129), (128, 512, 128, False, 1000)]
+
+
+@pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("N,K,group,symmetric,T", GEMM_CASES)
+def test_gemm_against_reference(N, K, group, symmetric, T, dtype, scale_dtype):
+    """GemvWeights.matmul (templates/xperm.hip, then templates/gemm_sm90.hip) on Hopper: partial
+    token tiles, one token, symmetric, g32/g64/g128, bf16 scales; out poisoned before the call,
+    against the float64 reference."""
+    if not _hopper():
+        pytest.skip("the int4 GEMM is Hopper's (sm_90)")
+    t = _torch()
+    rng = np.random.default_rng()
+    x, w, s, z = random_problem(rng, N, K, group, symmetric)
+    st = t.from_numpy(s).cuda().to(getattr(t, scale_dtype))
+    layer = int4jit.GemvWeights(t.from_numpy(w).cuda(), st, None if z is None else t.from_numpy(z).cuda())
+    xs = t.randn(T, K, device="cuda", dtype=getattr(t, dtype))
+    out = t.full((T, N), float("nan"), dtype=getattr(t, dtype), device="cuda")
+    assert layer.matmul(xs, out) is out
+    t.cuda.synchronize()
+    ref = reference(xs.float().cpu().numpy(), w, st.float().cpu().numpy(), z)
+    assert rel_error(out.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
+
+
+def test_gemm_refuses_what_it_cannot_serve():
+    """N not a multiple of 128, or groups of 16: NotImplementedError naming the limits (Int4Linear
+    then dequantises)."""
+    if not _hopper():
+        pytest.skip("the int4 GEMM is Hopper's (sm_90)")
+    t = _torch()
+    rng = np.random.default_rng()
+    for N, K, group in ((200, 512, 128), (256, 512, 16)):
+        x, w, s, z = random_problem(rng, N, K, group, False)
+        layer = int4jit.GemvWeights(*(t.from_numpy(a).cuda() for a in (w, s, z)))
+        with pytest.raises(NotImplementedError, match="K % 128 == 0, group % 32 == 0 and N % 128 == 0"):
+            layer.matmul(t.zeros(300, K, dtype=t.float16, device="cuda"), t.empty(300, N, dtype=t.float16, device="cuda"))
 
 
 @pytest.mark.parametrize("N,K,group,symmetric", [(4096, 4096, 128, False), (3001, 2048, 32, True), (896, 14336, 128, False)])

@@ -27,7 +27,7 @@ class StandInDevice:
             raise DriverError("cuda", "cuModuleLoadData", "CUDA_ERROR_INVALID_IMAGE")
         return "module", f"fn:{kernel}"
 
-    def launcher(self, fn, grid, block, overlap=False):
+    def launcher(self, fn, grid, block, overlap=False, smem=0):
         def run(args, stream=0):
             self.launches.append((fn, grid, block, overlap, list(args.values), stream))
         return run

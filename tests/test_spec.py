@@ -324,3 +324,23 @@ def test_a_malformed_or_unwritten_key_is_refused(key):
 def test_a_key_of_an_impossible_shape_says_why():
     with pytest.raises(ValueError, match="multiple of the group size"):
         GemvShape.from_key("4096x4000/g128/asym")
+
+
+def test_gemm_specs_say_what_they_cannot_serve():
+    """The prefill GEMM is Hopper's and takes whole 128-row tiles, K % 128 and groups of 32 or
+    more; anything else is a NotImplementedError naming the limit (Int4Linear then dequantises)."""
+    from int4jit.spec import gemm_unsupported, make_gemm_spec, make_xperm_spec
+    ok = GemvShape(14336, 4096, 128, False, dtype="bfloat16")
+    assert gemm_unsupported(ok, "sm_90") is None
+    g, x = make_gemm_spec(ok, "sm_90", 132), make_xperm_spec(ok, "sm_90", 132)
+    assert g.arch == x.arch == "sm_90a" and g.grid == 132 and g.block == 256
+    assert g.smem > 48 * 1024 and g.canonical()["smem"] == g.smem and "smem" not in x.canonical()
+    assert g.param("AB") == "bf16" and g.shape.M == 1
+    assert make_gemm_spec(replace(ok, dtype="float16"), "sm_90", 132).key() != g.key()
+    for shape, arch, said in ((ok, "sm_80", "needs Hopper"), (GemvShape(200, 4096, 128, False), "sm_90", "N=200"),
+                              (GemvShape(256, 4160, 32, False), "sm_90", "K=4160"),
+                              (GemvShape(256, 4096, 16, False), "sm_90", "group=16"), (ok, "gfx90a", "needs Hopper")):
+        assert said in gemm_unsupported(shape, arch)
+        for make in (make_gemm_spec, make_xperm_spec):
+            with pytest.raises(NotImplementedError, match=said):
+                make(shape, arch, 132)

@@ -18,6 +18,7 @@ from ._common import MadeOnMiss, ThreadCurrent, make_check, median_event_ms, sta
 NAME = "cuda"
 BINARY_KIND = "cubin"
 PRELUDE = "prelude_cuda.hip"
+DEFAULT_DYNAMIC_SMEM = 48 * 1024  # dynamic shared memory a launch may ask for without opting in
 _ARCH = re.compile(r"^sm_(\d{2,3})([af]?)$")
 
 
@@ -101,15 +102,15 @@ class _LaunchConfig(ctypes.Structure):
                 ("hStream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
-def _launch_config(grid: int, block: int, stream: int, pdl_attr_id: Optional[int]) -> _LaunchConfig:
-    """A launch config; with pdl_attr_id, its one attribute allows programmatic stream
-    serialization (PDL)."""
+def _launch_config(grid: int, block: int, stream: int, pdl_attr_id: Optional[int], smem: int = 0) -> _LaunchConfig:
+    """A launch config with `smem` bytes of dynamic shared memory; with pdl_attr_id, its one
+    attribute allows programmatic stream serialization (PDL)."""
     attr = None
     if pdl_attr_id is not None:
         attr = _LaunchAttribute()
         attr.id = pdl_attr_id
         ctypes.c_int.from_buffer(attr.value).value = 1  # programmaticStreamSerializationAllowed
-    config = _LaunchConfig((ctypes.c_uint * 3)(grid, 1, 1), (ctypes.c_uint * 3)(block, 1, 1), 0, stream,
+    config = _LaunchConfig((ctypes.c_uint * 3)(grid, 1, 1), (ctypes.c_uint * 3)(block, 1, 1), smem, stream,
                            None if attr is None else ctypes.pointer(attr), 0 if attr is None else 1)
     config._keep = attr  # the pointer does not keep its target alive
     return config
@@ -233,8 +234,9 @@ class Device(ThreadCurrent):
         self.name = raw.split(b"\0", 1)[0].decode()
         self.has_dot2 = False
         self.supports_overlap = major >= 9  # programmatic dependent launch
-        # (function, grid, block, overlap) -> prepared launch callable
-        self._launchers = MadeOnMiss(lambda key: self._make_launcher(*key[:3], key[3] and self.supports_overlap), 4096)
+        # (function, grid, block, overlap, smem) -> prepared launch callable
+        self._launchers = MadeOnMiss(
+            lambda key: self._make_launcher(*key[:3], key[3] and self.supports_overlap, key[4]), 4096)
 
     def __repr__(self):
         return f"<int4jit cuda device {self.ordinal}: {self.name} ({self.arch}, {self.sm_count} SMs)>"
@@ -262,28 +264,36 @@ class Device(ThreadCurrent):
             fn = check(self._drv.cuModuleGetFunction(module, kernel.encode()), "cuModuleGetFunction")
         return module, fn
 
-    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
+    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False,
+               smem: int = 0):
         """Launch on `stream`. overlap=True (sm_90+) lets the kernel start while the previous one
         on the stream drains (programmatic dependent launch): the kernel must wait
-        (griddepcontrol.wait, I4_GRID_WAIT) before it reads anything."""
-        self.launcher(fn, grid, block, overlap)(args, stream)
+        (griddepcontrol.wait, I4_GRID_WAIT) before it reads anything. smem: dynamic shared
+        memory a block, bytes."""
+        self.launcher(fn, grid, block, overlap, smem)(args, stream)
 
-    def launcher(self, fn, grid: int, block: int, overlap: bool = False):
-        """A callable (args, stream) launching `fn` over `grid` blocks of `block` threads, with
-        everything that does not change between calls prepared once (the per-call path)."""
-        return self._launchers[(fn, grid, block, overlap)]
+    def launcher(self, fn, grid: int, block: int, overlap: bool = False, smem: int = 0):
+        """A callable (args, stream) launching `fn` over `grid` blocks of `block` threads with
+        `smem` bytes of dynamic shared memory, with everything that does not change between
+        calls prepared once (the per-call path)."""
+        return self._launchers[(fn, grid, block, overlap, smem)]
 
-    def _make_launcher(self, fn, grid: int, block: int, overlap: bool):
+    def _make_launcher(self, fn, grid: int, block: int, overlap: bool, smem: int = 0):
+        if smem > DEFAULT_DYNAMIC_SMEM:  # past 48 KB a function must opt in, once
+            with self.active():
+                check(self._drv.cuFuncSetAttribute(
+                    fn, self._drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                    "cuFuncSetAttribute")
         raw = _libcuda()
         if raw is None:
-            return self._bindings_launcher(fn, grid, block, overlap)
+            return self._bindings_launcher(fn, grid, block, overlap, smem)
         c_fn = ctypes.c_void_p(int(fn))
         # cuLaunchKernelEx for every launch, PDL or not: its four arguments cost ~1.2 us less per call
         # through ctypes than cuLaunchKernel's eleven (docs/performance.md, Per call from Python).
         launch_ex = raw.cuLaunchKernelEx
         attr_id = (int(self._drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
                    if overlap else None)
-        configs = _per_stream(lambda s: ctypes.byref(_launch_config(grid, block, s, attr_id)))
+        configs = _per_stream(lambda s: ctypes.byref(_launch_config(grid, block, s, attr_id, smem)))
         # The per-call context check: one cuCtxGetCurrent when ours is current (the usual case),
         # a switch there and back when another device's is (_in_context).
         probe, thread, ctx, in_context = self._probe_context, _thread_context, self._ctx_id, self._in_context
@@ -307,11 +317,11 @@ class Device(ThreadCurrent):
         except ValueError:
             return f"CUresult {err}"
 
-    def _bindings_launcher(self, fn, grid: int, block: int, overlap: bool):
+    def _bindings_launcher(self, fn, grid: int, block: int, overlap: bool, smem: int = 0):
         """The same launch through cuda-bindings, where libcuda cannot be reached through ctypes."""
         drv, active = self._drv, self.active
         if overlap:
-            configs = _per_stream(lambda s: self._overlap_config(grid, block, s))
+            configs = _per_stream(lambda s: self._overlap_config(grid, block, s, smem))
 
             def run(args: PackedArgs, stream: int = 0):
                 with active():
@@ -322,12 +332,12 @@ class Device(ThreadCurrent):
 
         def run(args: PackedArgs, stream: int = 0):
             with active():
-                (err,) = drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args.params_address, 0)
+                (err,) = drv.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, smem, stream, args.params_address, 0)
             if int(err) != 0:
                 raise DriverError(NAME, "cuLaunchKernel", status_name(err))
         return run
 
-    def _overlap_config(self, grid: int, block: int, stream: int):
+    def _overlap_config(self, grid: int, block: int, stream: int, smem: int = 0):
         """cuda-bindings' CUlaunchConfig with programmatic stream serialization allowed."""
         drv = self._drv
         attr = drv.CUlaunchAttribute()
@@ -336,7 +346,7 @@ class Device(ThreadCurrent):
         config = drv.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
         config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-        config.sharedMemBytes, config.hStream = 0, stream
+        config.sharedMemBytes, config.hStream = smem, stream
         config.attrs, config.numAttrs = [attr], 1
         return config
 

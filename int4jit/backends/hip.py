@@ -274,7 +274,7 @@ class Device(ThreadCurrent):
         self.name = name.decode() if isinstance(name, bytes) else str(name)
         self.has_dot2 = self.arch in DOT2_TARGETS
         self.supports_overlap = False  # HIP has no programmatic dependent launch
-        self._launchers = MadeOnMiss(lambda key: self._make_launcher(*key), 4096)  # (function, grid, block) -> launch callable
+        self._launchers = MadeOnMiss(lambda key: self._make_launcher(*key), 4096)  # (function, grid, block, smem) -> launch callable
 
     def __repr__(self):
         return f"<int4jit hip device {self.ordinal}: {self.name} ({self.full_arch}, {self.sm_count} CUs)>"
@@ -298,23 +298,26 @@ class Device(ThreadCurrent):
             fn = check(self._hip.hipModuleGetFunction(module, kernel.encode()), "hipModuleGetFunction")
         return module, fn
 
-    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False):
+    def launch(self, fn, grid: int, block: int, args: PackedArgs, stream: int = 0, overlap: bool = False,
+               smem: int = 0):
         """Launch on `stream`. overlap (programmatic dependent launch) is CUDA's; HIP launches
-        stay stream-ordered and the kernel's wait point is compiled out (prelude_hip.hip)."""
-        self.launcher(fn, grid, block, overlap)(args, stream)
+        stay stream-ordered and the kernel's wait point is compiled out (prelude_hip.hip).
+        smem: dynamic shared memory (LDS) a block, bytes."""
+        self.launcher(fn, grid, block, overlap, smem)(args, stream)
 
-    def launcher(self, fn, grid: int, block: int, overlap: bool = False):
-        """A callable (args, stream) launching `fn` over `grid` blocks of `block` threads, with
-        everything that does not change between calls bound once (the per-call path)."""
-        return self._launchers[(fn, grid, block)]
+    def launcher(self, fn, grid: int, block: int, overlap: bool = False, smem: int = 0):
+        """A callable (args, stream) launching `fn` over `grid` blocks of `block` threads with
+        `smem` bytes of dynamic shared memory, with everything that does not change between
+        calls bound once (the per-call path)."""
+        return self._launchers[(fn, grid, block, smem)]
 
-    def _make_launcher(self, fn, grid: int, block: int):
+    def _make_launcher(self, fn, grid: int, block: int, smem: int = 0):
         launch, in_context, current, ordinal = self._hip.hipModuleLaunchKernel, self._in_context, self._current, self.ordinal
 
         def run_here(args: PackedArgs, stream: int = 0):
             # HIP takes arguments as one packed buffer through `extra`; hip-python wants None
             # for the null stream.
-            result = launch(fn, grid, 1, 1, block, 1, 1, 0, stream or None, None, args.extra_address)
+            result = launch(fn, grid, 1, 1, block, 1, 1, smem, stream or None, None, args.extra_address)
             err = result[0] if isinstance(result, tuple) else result
             if int(err) != 0:
                 raise DriverError(NAME, "hipModuleLaunchKernel", status_name(err))

@@ -1,0 +1,284 @@
+// INT4 weight-only GEMM for prefill on Hopper (sm_90a: wgmma), the int4 weights read by the
+// product itself (no dense copy of them):
+//   y[m,n] = sum_k x[m,k] * (q[n,k] - z[n,k/g]) * s[n,k/g]       fp32 sums, y in fp16 or bf16
+// Layout as the GEMV kernels take it (w uint8 [N, K/2], low nibble = even k; scales [N, K/g];
+// zeros uint8 [N, K/g] or none), except x: the caller passes x' (GemvWeights.matmul makes it).
+//
+// x' (templates/xperm.hip) is x laid out as this kernel's shared memory wants it: per token tile
+// of TOK rows (zero rows past the last token) and step of 128 k, one STAGE_BYTES block holding
+// two 64-k halves of TOK rows x 128 bytes, k in the order the A fragments take it and the
+// 16-byte chunks of each row swizzled (wgmma's K-major B, 128-byte swizzle). So a stage is one
+// bulk copy (cp.async.bulk, the async proxy: no per-thread copies, no proxy fence).
+//
+// Work. A tile is ROWS = 64 * WGS weight rows by TOK tokens; the grid is persistent and walks
+// the tiles (row tile major, so the token tiles of one row tile run together and read the
+// weights from DRAM once). A block is WGS warpgroups, each owning 64 rows of the tile and the
+// whole token range, D = 64 x TOK fp32 in registers (wgmma m64nTOKk16).
+//
+// Per step of 128 k:
+//   - thread 0 fills the STAGES-deep ring: it waits until every warpgroup has released the stage
+//     (mbarrier `empty`), then one bulk copy whose bytes complete mbarrier `full`;
+//   - each lane (warp w of its warpgroup, g = lane/4, t = lane%4) loads 16 bytes (32 k: chunk t
+//     of the step) of rows 16w+g and 16w+g+8, PREFETCH steps ahead into registers, and makes
+//     A = (q - z) * s rounded once to the activation type (the GEMV's SCALED path): the four
+//     LOP3 pairs of a word give the A registers of two k16 blocks, k in the order
+//     (k0,k4) (k1,k5) | (k2,k6) (k3,k7);
+//   - per half step, four wgmma (A from registers, B from shared memory); the next half step's A
+//     is made while they run.
+// Epilogue: D to y (tokens past `tokens` are not stored).
+
+constexpr long long N = ${N};
+constexpr int K = ${K};
+constexpr int GROUP = ${GROUP};
+constexpr bool SYMMETRIC = ${SYMMETRIC};
+constexpr bool BF16 = ${BF16};            // x, y and the products in bf16 (else fp16)
+constexpr bool SCALE_BF16 = ${SCALE_BF16};
+constexpr int TOK = ${TOK};               // tokens a tile (wgmma N)
+constexpr int WGS = ${WGS};               // warpgroups a block (64 rows each)
+constexpr int STAGES = ${STAGES};         // x' ring depth
+constexpr int PREFETCH = 2;
+constexpr int BS = 128 * WGS;
+constexpr int ROWS = 64 * WGS;
+constexpr int STEPS = K / 128;
+constexpr int NG = K / GROUP;
+constexpr long long ROW_TILES = N / ROWS;
+constexpr int HALF_BYTES = TOK * 128;     // one 64-k half of a stage: TOK rows of 128 bytes
+constexpr int STAGE_BYTES = 2 * HALF_BYTES;
+constexpr int ACC = TOK / 2;              // fp32 accumulators a thread
+constexpr u32 MAGIC_1024 = 0x64006400u;
+constexpr u32 SIXTEENTH = 0x2C002C00u;
+constexpr u32 MAGIC_128 = 0x43004300u;
+constexpr u32 BF2_ONES = 0x3F803F80u;
+
+static_assert(K % 128 == 0, "the GEMM walks K in steps of 128");
+static_assert(GROUP % 32 == 0, "a lane's 32 k of a step lie in one group");
+static_assert(N % ROWS == 0, "whole row tiles");
+static_assert(TOK == 64 || TOK == 128, "wgmma N of 64 or 128 tokens");
+static_assert(STAGES >= 3, "the ring holds the step in use, the one before (still read) and one in flight");
+
+__device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
+__device__ __forceinline__ u16 out_h(float f) { return BF16 ? f_to_bf16(f) : f_to_h(f); }
+__device__ __forceinline__ u32 scale_pair(u16 s) {
+    if constexpr (SCALE_BF16 == BF16) return s * 0x00010001u;
+    return (BF16 ? f_to_bf16(scale_f(s)) : f_to_h(scale_f(s))) * 0x00010001u;
+}
+
+// -- Hopper primitives ------------------------------------------------------------------------
+// mbarriers (shared::cta, 64-bit) and the bulk copy that completes one.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+// `bytes` from global src into shared dst, counted on mbarrier bar (which expects them).
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory"); }
+// Pin a register to this point: the asynchronous wgmma reads A and writes D behind the
+// compiler's back, so neither may be moved across the wait.
+__device__ __forceinline__ void keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+__device__ __forceinline__ void keep(u32 (&a)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        asm volatile("" : "+r"(a[j][0]), "+r"(a[j][1]), "+r"(a[j][2]), "+r"(a[j][3])::"memory");
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ unsigned long long smem_desc(u32 addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// D (64 x TOK, fp32) += A (64 x 16, registers) * B (16 x TOK, shared memory).
+__device__ __forceinline__ void wgmma_step(float (&d)[ACC], const u32 (&a)[4], unsigned long long desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %${ONE}, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n${TOK}k16.f32.${AB}.${AB} ${D_REGS}, {%${A0}, %${A1}, %${A2}, %${A3}}, %${DESC}, p, 1, 1, 0;\n}"
+                 : ${D_OPERANDS}
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+// -- A fragments ------------------------------------------------------------------------------
+// The zero point as the words that turn (1024 + q) / (1024 + 16q) pairs into q - z (fp16), or
+// -(128 + z) for the (128 + q) pairs (bf16).
+__device__ __forceinline__ void zero_words(u32 z, u32& zlo, u32& zhi) {
+    if constexpr (BF16) {
+        zlo = zhi = (0xC300u | z) * 0x00010001u;
+    } else {
+        zlo = (0x6400u | z) * 0x00010001u;
+        zhi = (0xD400u + (z << 4)) * 0x00010001u;
+    }
+}
+__device__ __forceinline__ u32 scaled(u32 a, u32 s2) {
+    return BF16 ? bf2_fma(a, s2, 0x80008000u) : h2_fma(a, s2, 0x80008000u);
+}
+// The nibble masks live in constant memory: LOP3 reads one operand from there, so no register
+// holds (or is re-loaded with) a 32-bit constant per use (as in gemv_tc.hip).
+__constant__ u32 NIBBLE_MASK[2] = {0x000F000Fu, 0x00F000F0u};
+
+// The pair (q_i, q_i+4) of a word, minus z, times s; i = 0..3.
+__device__ __forceinline__ u32 a_pair(u32 q, int i, u32 zlo, u32 zhi, u32 s2) {
+    if constexpr (BF16) {
+        return scaled(bf2_fma(((q >> (4 * i)) & NIBBLE_MASK[0]) | MAGIC_128, BF2_ONES, zlo), s2);
+    } else {
+        const u32 qs = q >> (8 * (i / 2));
+        return (i & 1) ? scaled(h2_fma((qs & NIBBLE_MASK[1]) | MAGIC_1024, SIXTEENTH, zhi), s2)
+                       : scaled(h2_sub((qs & NIBBLE_MASK[0]) | MAGIC_1024, zlo), s2);
+    }
+}
+
+struct StepWeights {
+    u32x4 q[2];     // rows 16w+g and 16w+g+8: 32 k each
+    u16 s[2];
+    u8 z[2];
+};
+
+// A of half step `half` (k16 blocks 4 half .. 4 half + 3: words 2 half and 2 half + 1 of each row;
+// block j takes pairs 2(j%2), 2(j%2)+1 of word j/2).
+__device__ __forceinline__ void make_a(const StepWeights& sw, int half, u32 (&a)[4][4]) {
+    u32 z0lo, z0hi, z1lo, z1hi;
+    zero_words(sw.z[0], z0lo, z0hi);
+    zero_words(sw.z[1], z1lo, z1hi);
+    const u32 sc0 = scale_pair(sw.s[0]), sc1 = scale_pair(sw.s[1]);
+    const u32 q0[4] = {sw.q[0].x, sw.q[0].y, sw.q[0].z, sw.q[0].w};
+    const u32 q1[4] = {sw.q[1].x, sw.q[1].y, sw.q[1].z, sw.q[1].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int wd = 2 * half + j / 2, i = 2 * (j % 2);
+        a[j][0] = a_pair(q0[wd], i, z0lo, z0hi, sc0);
+        a[j][1] = a_pair(q1[wd], i, z1lo, z1hi, sc1);
+        a[j][2] = a_pair(q0[wd], i + 1, z0lo, z0hi, sc0);
+        a[j][3] = a_pair(q1[wd], i + 1, z1lo, z1hi, sc1);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BS, 1)
+${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
+               const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y, long long tokens) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The ring (1024-byte aligned for the swizzle), then the full and empty mbarriers of each stage.
+    const u32 ring = (smem_address(smem_raw) + 1023u) & ~1023u;
+    const u32 full_bar = ring + STAGES * STAGE_BYTES, empty_bar = full_bar + 8 * STAGES;
+    const int tid = threadIdx.x;
+    const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const long long token_tiles = (tokens + TOK - 1) / TOK;
+    const long long tiles = ROW_TILES * token_tiles;
+    if (tid == 0) {
+#pragma unroll
+        for (int k = 0; k < STAGES; ++k) {
+            mbar_init(full_bar + 8 * k, 1);
+            mbar_init(empty_bar + 8 * k, WGS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    // Steps are counted over the block's tiles: step n uses stage n % STAGES for the
+    // (n / STAGES)-th time, which is the parity its mbarriers are waited on with.
+    unsigned long long n0 = 0;
+    for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x, n0 += STEPS) {
+        const long long rt = tile / token_tiles, tt = tile % token_tiles, tok0 = tt * TOK;
+        const long long row0 = rt * ROWS + wg * 64 + warp * 16 + g;  // and row0 + 8
+        const char* xtile = (const char*)x + tt * (long long)(STEPS * STAGE_BYTES);
+
+        // Thread 0: step s of this tile into its stage, once the stage's last readers are done.
+        auto fill = [&](int s) {
+            const unsigned long long n = n0 + s;
+            const u32 k = (u32)(n % STAGES);
+            if (n >= STAGES) mbar_wait(empty_bar + 8 * k, (u32)((n / STAGES - 1) & 1));
+            bulk_copy(ring + k * STAGE_BYTES, xtile + (long long)s * STAGE_BYTES, STAGE_BYTES, full_bar + 8 * k);
+        };
+        // A warpgroup is done with step s: one lane of it says so.
+        auto release = [&](int s) {
+            if (tid % 128 == 0) mbar_arrive(empty_bar + 8 * (u32)((n0 + s) % STAGES));
+        };
+        auto wait_full = [&](int s) {
+            const unsigned long long n = n0 + s;
+            mbar_wait(full_bar + 8 * (u32)(n % STAGES), (u32)((n / STAGES) & 1));
+        };
+        // The lane's weights of rows row0 and row0 + 8 (32 k at t), and their groups' scales and zeros.
+        const u8* wrow = w + row0 * (K / 2) + t * 16;
+        const long long grow = row0 * NG;
+        auto load_w = [&](int s, StepWeights& sw) {
+            const int gi = (s * 128 + 32 * t) / GROUP;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                sw.q[h] = load_stream16(wrow + h * 8 * (K / 2) + s * 64);
+                sw.s[h] = load_cached_u16(scales + grow + h * 8 * NG + gi);
+                sw.z[h] = SYMMETRIC ? (u8)8 : load_cached_u8(zeros + grow + h * 8 * NG + gi);
+            }
+        };
+
+        float acc[ACC];
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+        StepWeights wring[PREFETCH];
+#pragma unroll
+        for (int s = 0; s < PREFETCH; ++s) {
+            if (s < STEPS) load_w(s, wring[s]);
+        }
+        if (tid == 0) {
+#pragma unroll
+            for (int s = 0; s < STAGES - 1; ++s) {
+                if (s < STEPS) fill(s);
+            }
+        }
+        u32 a[2][4][4];  // the A of a half step (64 k), two in turn: one read by wgmma, one being made
+        make_a(wring[0], 0, a[0]);
+        wait_full(0);
+
+        for (int s0 = 0; s0 < STEPS; s0 += PREFETCH) {
+#pragma unroll
+            for (int u = 0; u < PREFETCH; ++u) {  // unrolled: the weight slot is a register, not memory
+                const int s = s0 + u;
+                if (s >= STEPS) break;
+                const u32 base = ring + (u32)(((n0 + s) % STAGES) * STAGE_BYTES);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    wg_fence();
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) wgmma_step(acc, a[h][j], smem_desc(base + h * HALF_BYTES + j * 32));
+                    wg_commit();
+                    if (h == 1 && s + 1 == STEPS) break;
+                    // The half step before this one is done: its A buffer is free (and, at h == 0,
+                    // step s - 1's stage); the next half step's A is made while these run.
+                    wg_wait<1>();
+                    keep(a[1 - h]);
+                    if (h == 0) {
+                        if (s > 0) release(s - 1);
+                        if (tid == 0 && s + STAGES - 1 < STEPS) fill(s + STAGES - 1);
+                        make_a(wring[u], 1, a[1]);
+                        if (s + PREFETCH < STEPS) load_w(s + PREFETCH, wring[u]);
+                    } else {
+                        make_a(wring[(u + 1) % PREFETCH], 0, a[0]);
+                        wait_full(s + 1);
+                    }
+                }
+            }
+        }
+        wg_wait<0>();
+        release(STEPS - 1);
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) keep(acc[i]);
+        keep(a[0]);
+        keep(a[1]);
+
+        // D: element i of a thread is row 16w + g + 8((i%4)/2), token 8(i/4) + 2t + i%2.
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) {
+            const long long tok = tok0 + 8 * (i / 4) + 2 * t + (i % 2);
+            if (tok < tokens) y[tok * N + row0 + 8 * ((i % 4) / 2)] = out_h(acc[i]);
+        }
+    }
+}
