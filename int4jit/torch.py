@@ -149,6 +149,7 @@ class Int4Linear(nn.Module):
         self._warned = False
         self._no_kernel: set = set()  # (dtype, tokens) no kernel serves on this layer's target
         self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
+        self.gemm_max_tokens = GEMM_MAX_TOKENS  # the most tokens a call runs through the int4 GEMM
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, symmetric: bool = False) -> "Int4Linear":
@@ -175,10 +176,11 @@ class Int4Linear(nn.Module):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         return {**state, "_layer": None}
 
-    def __setstate__(self, state):  # a module pickled before chunked_tokens existed gets it
+    def __setstate__(self, state):  # a module pickled before chunked_tokens (or the GEMM) existed gets it
         super().__setstate__(state)
         if "chunked_tokens" not in self.__dict__:
             self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
+        self.__dict__.setdefault("gemm_max_tokens", GEMM_MAX_TOKENS)
 
     @classmethod
     def from_weights(cls, weights) -> "Int4Linear":
@@ -251,9 +253,9 @@ class Int4Linear(nn.Module):
         return self._plus_bias(y)
 
     def _gemm_serves(self, x: torch.Tensor, tokens: int) -> bool:
-        """A prompt the int4 GEMM takes (GEMM_MAX_TOKENS): on Hopper, eager, enough tiles for every SM."""
+        """A prompt the int4 GEMM takes (up to gemm_max_tokens): on Hopper, eager, enough tiles for every SM."""
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
-                and self.chunked_tokens < tokens <= GEMM_MAX_TOKENS) or _through_op(x):
+                and self.chunked_tokens < tokens <= self.gemm_max_tokens) or _through_op(x):
             return False
         layer = self._prepared()
         tiles = self.out_features // GEMM_ROWS * -(-tokens // GEMM_TOKENS)

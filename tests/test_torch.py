@@ -117,14 +117,15 @@ def test_chunked_tokens_follow_the_weights_size(N, K, tokens):
 
 def test_a_module_pickled_without_chunked_tokens_gets_them():
     import pickle
+    from int4jit.torch import GEMM_MAX_TOKENS
     q = Int4Linear.from_linear(torch.nn.Linear(4096, 1024), group_size=128)
     old = pickle.loads(pickle.dumps(q))
     assert old.chunked_tokens == 32
     state = q.__getstate__()
-    del state["chunked_tokens"]  # as an Int4Linear pickled before it existed
+    del state["chunked_tokens"], state["gemm_max_tokens"]  # as an Int4Linear pickled before they existed
     restored = Int4Linear.__new__(Int4Linear)
     restored.__setstate__(state)
-    assert restored.chunked_tokens == 32
+    assert restored.chunked_tokens == 32 and restored.gemm_max_tokens == GEMM_MAX_TOKENS == 640
     x = torch.randn(3, 4096)
     assert torch.equal(restored(x), q(x))
 
@@ -204,9 +205,46 @@ def _stubbed_layer(mod, is_capturing=lambda stream: False):
     layer.__dict__.update(_torch=torch, shape=GemvShape(N, K, mod.group_size, mod.zeros is None), w=mod.w,
                           scales=mod.scales, zeros=mod.zeros, perm=None, device_index=-1, device=device, N=N, K=K,
                           _stream_of=lambda i: 0x50, _args=PackedArgs([0, 1, 2, 3, 0]), calls={}, _dense_launch={},
-                          _chunk_launches={}, _lock=threading.Lock())
+                          _chunk_launches={}, _gemm_launches={}, _gemm_why={},
+                          _gemm_args=PackedArgs([0, 1, 2, 3, 0, 0]), _lock=threading.Lock())
     layer._values = layer._args.values
     return layer
+
+
+def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
+    """GemvWeights.matmul (Int4Linear's prefill on Hopper): the x layout kernel writes a workspace
+    of whole 128-token tiles, then the GEMM reads it with the layer's weights and writes out; both
+    get the token count; the kernels are loaded once per dtype. Elsewhere: NotImplementedError
+    naming why. The GPU is stubbed."""
+    from int4jit import api
+    mod = Int4Linear.from_linear(torch.nn.Linear(512, 256), group_size=128)
+    layer = _stubbed_layer(mod)
+    layer.device.arch, layer.device.sm_count = "sm_90", 132
+    launches, loaded = [], []
+
+    def fake_load(dev, spec):
+        loaded.append(spec.kernel)
+        run = lambda args, stream: launches.append((spec.kernel, list(args.values), stream))
+        return type("K", (), {"launch_packed": staticmethod(run)})()
+
+    monkeypatch.setattr(api, "load", fake_load)
+    x, out = torch.randn(300, 512).half(), torch.empty(300, 256).half()
+    workspaces = []
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: workspaces.append(a[0]) or real_empty(*a, **k))
+    for _ in range(2):
+        launches.clear()
+        assert layer.matmul(x, out) is out
+        (k1, a1, s1), (k2, a2, s2) = launches
+        assert (k1, k2, s1, s2) == ("xperm", "gemm", 0x50, 0x50)
+        assert a1[0] == x.data_ptr() and a1[5] == a2[5] == 300 and a2[0] == a1[4]
+        assert a2[1:4] == [1, 2, 3] and a2[4] == out.data_ptr()
+    assert loaded == ["xperm", "gemm"] and workspaces[0] == (384, 512)
+    layer.device.arch = "sm_80"
+    layer._gemm_launches.clear()
+    layer._gemm_why.clear()
+    with pytest.raises(NotImplementedError, match="needs Hopper"):
+        layer.matmul(x, out)
 
 
 def test_launch_chunks_walks_x_and_y_a_chunk_a_launch(monkeypatch):
