@@ -19,7 +19,7 @@ are served by each system, one after the other in one process:
 Per system: decode tok/s, eager (a plain loop: forward one token with the KV cache, 64
 tokens, best of 3) and with torch.compile(mode="reduce-overhead") on a static cache (a
 one-token step compiled into CUDA graphs, 64 tokens, best of 3 after a compiling run) where it works; prefill ms (one
-forward of 512 tokens, best of 3); the last logits of an 8-token prompt against the fp16
+forward of 512 tokens, median of 15); the last logits of an 8-token prompt against the fp16
 model's (relative difference). A system or a measurement that fails is recorded with its
 error and the rest go on; the JSON is rewritten after every system.
 
@@ -227,17 +227,20 @@ def decode_compiled(torch, model, vocab, tokens, runs):
 
 
 def prefill_ms(torch, model, vocab, n, runs):
+    """ms of one forward of n tokens: the median of 5 * runs event-timed forwards after two warm
+    ones (a best of 3 moved by 27% between two systems on the same path, 2026-12-06)."""
     ids = torch.randint(0, vocab, (1, n), device="cuda")
-    best = float("inf")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
     with torch.no_grad():
-        model(input_ids=ids, use_cache=False)
-        for _ in range(runs):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
+        for i in range(2 + 5 * runs):
+            start.record()
             model(input_ids=ids, use_cache=False)
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) * 1e3)
-    return best
+            end.record()
+            end.synchronize()
+            if i >= 2:
+                times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
 
 
 def last_logits(torch, model, prompt):
@@ -304,7 +307,7 @@ def markdown(doc) -> str:
     lines = [f"{doc['device']}, {doc['date']}, transformers {doc['transformers']}, torch {doc['torch']}: "
              f"LlamaForCausalLM from a config (hidden {c['hidden_size']}, intermediate {c['intermediate_size']}, "
              f"{c['num_hidden_layers']} layers, vocabulary {c['vocab_size']}, random weights); decode {doc['tokens']} "
-             f"tokens best of {doc['runs']}, prefill {doc['prefill']} tokens "
+             f"tokens best of {doc['runs']}, prefill {doc['prefill']} tokens median of {5 * doc['runs']} "
              f"(`{doc.get('command', 'python3 bench/e2e_decode.py' + (' --quick' if doc['quick'] else ''))}`)", "",
              "| system | decode tok/s (eager) | decode tok/s (torch.compile reduce-overhead) | prefill ms | "
              "logits vs fp16 | quantize s |", "|---|---|---|---|---|---|"]

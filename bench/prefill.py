@@ -9,7 +9,12 @@ enough copies of the layer to defeat L2; median of 5):
   dense        F.linear with the dense weight in the activation dtype (what the model ran before
                quantising): the baseline
   int4jit      Int4Linear's forward
-  dequant + mm the dequantising launch then F.linear (Int4Linear's path above chunked_tokens)
+  path         the path Int4Linear's forward took: chunks, gemm or dequant
+  dequant + mm the dequantising launch then F.linear (Int4Linear's path above chunked_tokens
+               where the GEMM does not serve)
+  int4 GEMM    GemvWeights.matmul: x laid out for the GEMM, then the GEMM reading the int4
+               weights (Hopper; Int4Linear's path up to GEMM_MAX_TOKENS where its tiles fill
+               the SMs)
   chunks of c  GemvWeights.launch_chunks: the kernel once per c tokens into one y (Int4Linear's
                path for 17..chunked_tokens tokens, c = 16); up to 128 tokens
   dequant      the dequantising launch alone (GemvWeights.dense into a kept workspace); its
@@ -75,6 +80,8 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
     row["dense_us"] = t_dense
     row["int4jit_rel_diff"] = rel(layers[0](x))
     row["int4jit_us"] = median_time(lambda: [m(x) for m in layers], copies)
+    m = layers[0]
+    row["path"] = ("chunks" if T <= m.chunked_tokens else "gemm" if m._gemm_serves(x, T) else "dequant")
     ws = torch.empty(N, K, dtype=dtype, device=dev)
     t_deq = median_time(lambda: [g.dense(ws) for g in gw], copies)
     row["dequant_mm_us"] = median_time(lambda: [torch.nn.functional.linear(x, g.dense(ws)) for g in gw], copies)
@@ -82,27 +89,34 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
         y = torch.empty(T, N, dtype=dtype, device=dev)
         for c in (8, 16):
             row[f"chunks{c}_us"] = median_time(lambda: [g.launch_chunks(x, y, chunk=c) for g in gw], copies)
+    if gw[0].gemm_unsupported(dtype) is None:
+        y = torch.empty(T, N, dtype=dtype, device=dev)
+        row["gemm_rel_diff"] = rel(gw[0].matmul(x, y))
+        row["gemm_us"] = median_time(lambda: [g.matmul(x, y) for g in gw], copies)
     row["dequant_us"] = t_deq
     row["dequant_pct_copy"] = 100 * (per_copy + N * K * 2) / (t_deq * 1e-6) / copy_Bps
-    row["ok"] = row["int4jit_rel_diff"] <= 1e-2
+    row["ok"] = row["int4jit_rel_diff"] <= 1e-2 and row.get("gemm_rel_diff", 0) <= 1e-2
     chunks = "".join(f"  chunks of {c} {row[f'chunks{c}_us']:7.1f}" for c in (8, 16) if f"chunks{c}_us" in row)
+    gemm = f"  gemm {row['gemm_us']:7.1f}" if "gemm_us" in row else ""
     print(f"{name:9s} {N}x{K} T={T} {row['dtype']:8s} dense {t_dense:8.1f} us  int4jit {row['int4jit_us']:8.1f} "
-          f"({row['int4jit_us'] / t_dense:.2f}x)  dequant {t_deq:7.1f} us ({row['dequant_pct_copy']:.0f}% copy)"
-          f"  dequant+mm {row['dequant_mm_us']:7.1f}{chunks}"
-          + ("" if row["ok"] else f"  WRONG: rel diff {row['int4jit_rel_diff']:.1e}"), flush=True)
+          f"({row['int4jit_us'] / t_dense:.2f}x, {row['path']})  dequant {t_deq:7.1f} us "
+          f"({row['dequant_pct_copy']:.0f}% copy)  dequant+mm {row['dequant_mm_us']:7.1f}{gemm}{chunks}"
+          + ("" if row["ok"] else f"  WRONG: rel diff {row['int4jit_rel_diff']:.1e} "
+             f"(gemm {row.get('gemm_rel_diff', 0):.1e})"), flush=True)
     del layers, dense_W, ws, gw
     torch.cuda.empty_cache()
     return row
 
 
 def table(doc) -> str:
-    lines = ["| projection | N×K | tokens | dtype | dense µs | Int4Linear µs | × dense | dequant + mm µs | chunks of 8 µs "
-             "| chunks of 16 µs | dequant µs | dequant % copy | rel diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| projection | N×K | tokens | dtype | dense µs | Int4Linear µs | × dense | path | dequant + mm µs "
+             "| int4 GEMM µs | chunks of 8 µs | chunks of 16 µs | dequant µs | dequant % copy | rel diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     opt = lambda r, k: f"{r[k]:.1f}" if k in r else "n/a"
     for r in doc["rows"]:
         lines.append(f"| {r['projection']} | {r['shape']} | {r['tokens']} | {r['dtype']} | {r['dense_us']:.1f} | "
-                     f"{r['int4jit_us']:.1f} | {r['int4jit_us'] / r['dense_us']:.2f} | {opt(r, 'dequant_mm_us')} | "
+                     f"{r['int4jit_us']:.1f} | {r['int4jit_us'] / r['dense_us']:.2f} | {r.get('path', 'n/a')} | "
+                     f"{opt(r, 'dequant_mm_us')} | {opt(r, 'gemm_us')} | "
                      f"{opt(r, 'chunks8_us')} | {opt(r, 'chunks16_us')} | {r['dequant_us']:.1f} | "
                      f"{r['dequant_pct_copy']:.0f}% | {r['int4jit_rel_diff']:.1e} |")
     return "\n".join(lines)
