@@ -16,7 +16,7 @@ from .env import ALIASES
 from .launch import Kernel, load
 from .plan import PLAN_VARIABLES, config_override, plan, read_env
 from .shapes import MAX_TOKENS, GemvShape
-from .spec import GEMM_TOKENS, gemm_unsupported, make_dequant_spec, make_gemm_spec, make_xperm_spec
+from .spec import gemm_unsupported, gemm_workspace_bytes, make_dequant_spec, make_gemm_spec, make_xperm_spec
 from .trace import trace
 from .validate import validate, validate_x
 
@@ -388,7 +388,7 @@ class GemvWeights:
         # (x.shape, x.dtype) -> ShapedCall, made by a checked call: a later x of that shape and
         # dtype needs only what its shape and dtype do not say checked (launch_shaped)
         self.calls: dict = {}
-        self._dense_launch: dict = {}  # output dtype -> the dequantising launch
+        self._dense_launch: dict = {}  # output torch dtype -> the dequantising launch
         self._gemm_launches: dict = {}  # activation dtype -> (x' launch, GEMM launch): matmul
         self._gemm_why: dict = {}  # activation dtype -> why matmul cannot serve it, or None
         # The GEMM's arguments: the GEMV's five and the token count
@@ -405,9 +405,14 @@ class GemvWeights:
                 or not out.is_cuda or out.device.index != self.device_index:
             raise ValueError(f"out must be a contiguous float16 or bfloat16 tensor of shape ({self.N}, {self.K}) "
                              f"on GPU {self.device_index}; got {out.dtype} {tuple(out.shape)} on {out.device}")
-        launch = self._dense_launch.get(dtype)
+        return self.write_dense(out)
+
+    def write_dense(self, out):
+        """dense for an `out` the caller has checked (Int4Linear's prefill, made every call)."""
+        launch = self._dense_launch.get(out.dtype)
         if launch is None:
-            launch = self._dense_launch[dtype] = load(self.device, make_dequant_spec(
+            dtype = "bfloat16" if out.dtype is self._torch.bfloat16 else "float16"
+            launch = self._dense_launch[out.dtype] = load(self.device, make_dequant_spec(
                 self.shape, self.device.arch, dtype)).launch_packed
         with self._lock:
             v = self._values
@@ -428,11 +433,12 @@ class GemvWeights:
         return self._gemm_why[dtype]
 
     def matmul(self, x, out):
-        """out [T, N] = x [T, K] @ W^T for a prompt of any T on Hopper (sm_90): x laid out for the
-        GEMM in a workspace (templates/xperm.hip), then the GEMM that reads the int4 weights itself
-        (templates/gemm_sm90.hip), on torch's current stream; no dense copy of the weight. x and out:
-        contiguous 2-D float16 or bfloat16 tensors on the layer's device, checked by the caller as
-        __call__ checks x. NotImplementedError where gemm_unsupported says why."""
+        """out [..., N] = x [..., K] @ W^T for a prompt of any number of tokens T on Hopper (sm_90):
+        x laid out for the GEMM in a workspace (templates/xperm.hip), then the GEMM that reads the
+        int4 weights itself (templates/gemm_sm90.hip: the last waves' tiles cut between SMs so all
+        end together), on torch's current stream; no dense copy of the weight. x and out: contiguous
+        float16 or bfloat16 tensors of T x K and T x N elements on the layer's device, checked by
+        the caller as __call__ checks x. NotImplementedError where gemm_unsupported says why."""
         launches = self._gemm_launches.get(x.dtype)
         if launches is None:
             why = self.gemm_unsupported(x.dtype)
@@ -441,10 +447,11 @@ class GemvWeights:
             shape, arch, sms = self._shape_for(x.dtype), self.device.arch, self.device.sm_count
             launches = self._gemm_launches[x.dtype] = (load(self.device, make_xperm_spec(shape, arch, sms)).launch_packed,
                                                        load(self.device, make_gemm_spec(shape, arch, sms)).launch_packed)
-        T = x.shape[0]
+        T = x.numel() // self.K
         if x.data_ptr() & 15:  # as launch_shaped: x is read in 16-byte loads
-            validate_x(x[:MAX_TOKENS], self.K, self.device_index)
-        xp = self._torch.empty((-(-T // GEMM_TOKENS) * GEMM_TOKENS, self.K), dtype=x.dtype, device=x.device)
+            validate_x(x.reshape(T, self.K)[:MAX_TOKENS], self.K, self.device_index)
+        xp = self._torch.empty(gemm_workspace_bytes(T, self.K, self.device.sm_count) // 2, dtype=x.dtype,
+                               device=x.device)  # x', the partial sums and their flags
         stream = self._stream_of(self.device_index)
         with self._lock:  # the argument buffer is shared by the layer's callers
             v = self._gemm_args.values

@@ -430,6 +430,13 @@ def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -
 GEMM_ARCHS = {"sm_90": "sm_90a", "sm_90a": "sm_90a"}
 GEMM_ROWS, GEMM_TOKENS, GEMM_STAGES = 128, 128, 4
 GEMM_BLOCK = 2 * GEMM_ROWS  # a warpgroup (128 threads) for each 64 rows
+GEMM_PARTIAL_BYTES = GEMM_BLOCK * GEMM_TOKENS // 2 * 4  # a block's fp32 D: its slot of the partial sums
+
+
+def gemm_workspace_bytes(tokens: int, K: int, sm_count: int) -> int:
+    """Bytes of the GEMM's workspace for `tokens` tokens: x' (whole token tiles), the partial sums
+    of a tile cut between blocks (one slot a block) and one flag a block."""
+    return -(-tokens // GEMM_TOKENS) * GEMM_TOKENS * K * 2 + sm_count * (GEMM_PARTIAL_BYTES + 4)
 
 
 def gemm_unsupported(shape: GemvShape, arch: str) -> str | None:
@@ -454,7 +461,8 @@ def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
               ("AB", "bf16" if shape.dtype == "bfloat16" else "f16"),
               ("D_REGS", "{" + ", ".join(f"%{i}" for i in range(acc)) + "}"),
               ("D_OPERANDS", ", ".join(f'"+f"(d[{i}])' for i in range(acc))),
-              ("A0", acc), ("A1", acc + 1), ("A2", acc + 2), ("A3", acc + 3), ("DESC", acc + 4), ("ONE", acc + 5))
+              ("A0", acc), ("A1", acc + 1), ("A2", acc + 2), ("A3", acc + 3), ("DESC", acc + 4), ("ONE", acc + 5),
+              ("PARTIAL_BYTES", GEMM_PARTIAL_BYTES))
     smem = GEMM_STAGES * GEMM_TOKENS * 256 + 1024 + 16 * GEMM_STAGES  # ring, its alignment, the mbarriers
     return KernelSpec(replace(shape, M=1), GEMM_ARCHS[arch], "gemm", LaunchConfig(GEMM_BLOCK, 2), SIMT_VARIANT,
                       params, sm_count, GEMM_BLOCK, False, rows_per_block=GEMM_ROWS, k_efficiency=1.0,
@@ -472,5 +480,6 @@ def make_xperm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
         raise NotImplementedError(why)
     key = GemvShape(1, shape.K, shape.group, shape.symmetric, dtype=shape.dtype)  # only K and the dtype matter
     return KernelSpec(key, GEMM_ARCHS[arch], "xperm", LaunchConfig(XPERM_BLOCK, 2), SIMT_VARIANT,
-                      (("TOK", GEMM_TOKENS),), 8 * sm_count, XPERM_BLOCK, False, rows_per_block=0,
+                      (("TOK", GEMM_TOKENS), ("GEMM_GRID", sm_count), ("PARTIAL_BYTES", GEMM_PARTIAL_BYTES)),
+                      8 * sm_count, XPERM_BLOCK, False, rows_per_block=0,
                       k_efficiency=1.0, inflight_bytes=64, thread_bytes=64, regs=32)

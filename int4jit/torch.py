@@ -36,11 +36,16 @@ CPU_DENSE_CACHE_BYTES = 1 << 30
 # Llama-3-8B's projections, 16..128 tokens, H100 and H200 (bench/prefill.py; docs/performance.md).
 CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 4))
 # Past chunked_tokens, on Hopper, the int4 GEMM (GemvWeights.matmul) serves prompts of up to
-# GEMM_MAX_TOKENS where its tiles (128 rows x 128 tokens) fill every SM; elsewhere (more tokens,
-# few tiles, other GPUs) one dequantising launch + cuBLAS. H100, 512 tokens: gate/up 132 us against
-# 145, lm_head 1073 against 1236, k/v (32 tiles) 37.7 against 24.2; 2048 tokens: gate/up 503
-# against 398 (docs/performance.md).
-GEMM_MAX_TOKENS = 640
+# GEMM_MAX_TOKENS where its tiles (128 rows x 128 tokens) fill at least GEMM_MIN_FILL of the SMs;
+# elsewhere (more tokens, few tiles, other GPUs) one dequantising launch + cuBLAS. The GEMM runs at
+# ~2/3 of cuBLAS's rate and saves the dequantisation, so it wins on short prompts of wide layers.
+# H200, GPU us, GEMM against dequantise + cuBLAS: 512 tokens gate/up 126 against 134, lm_head 1097
+# against 1149, q/o and down (128 tiles) 41 against 41 and 129 against 123; 128 tokens gate/up (112
+# tiles) 40 against 80; 640 tokens: it loses on every projection (gate/up 158 against 150, down 178
+# against 144); fewer tiles: one tile's steps set its time (down at 256 tokens: 122 against 94).
+# H100 alike (docs/performance.md, "Prefill on Hopper").
+GEMM_MAX_TOKENS = 512
+GEMM_MIN_FILL = 0.75
 
 
 def chunked_tokens(out_features: int, in_features: int) -> int:
@@ -117,7 +122,7 @@ class Int4Linear(nn.Module):
     the tensor-core kernels (NVIDIA sm_80+); a dtype and token count no kernel serves on the
     target falls back, said once. Up to `chunked_tokens` (CHUNK_LIMITS) the kernel runs once per 16
     tokens; a prompt of up to GEMM_MAX_TOKENS on Hopper (sm_90) runs the int4 GEMM
-    (GemvWeights.matmul) where its tiles fill the GPU; other prefills dequantise once per call on
+    (GemvWeights.matmul) where its tiles fill most SMs; other prefills dequantise once per call on
     the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
     weight is kept per module (up to CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
     enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
@@ -145,6 +150,9 @@ class Int4Linear(nn.Module):
                 raise ValueError(f"perm must be {fault}")
         self.group_size = self.in_features // self.scales.shape[1]
         self._layer: Optional[GemvWeights] = None
+        # (x.shape, x.dtype, chunked_tokens, gemm_max_tokens) -> x -> y without bias: the path a
+        # GPU prefill of that shape took (the int4 GEMM, or dequantise + cuBLAS), for the next one
+        self._prompts: dict = {}
         self._dense: Optional[torch.Tensor] = None
         self._warned = False
         self._no_kernel: set = set()  # (dtype, tokens) no kernel serves on this layer's target
@@ -174,13 +182,14 @@ class Int4Linear(nn.Module):
 
     def __getstate__(self):  # copy/pickle: the prepared launch is per process, made again on use
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        return {**state, "_layer": None}
+        return {**state, "_layer": None, "_prompts": {}}
 
     def __setstate__(self, state):  # a module pickled before chunked_tokens (or the GEMM) existed gets it
         super().__setstate__(state)
         if "chunked_tokens" not in self.__dict__:
             self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
         self.__dict__.setdefault("gemm_max_tokens", GEMM_MAX_TOKENS)
+        self.__dict__.setdefault("_prompts", {})
 
     @classmethod
     def from_weights(cls, weights) -> "Int4Linear":
@@ -197,23 +206,29 @@ class Int4Linear(nn.Module):
         layer = self._layer
         if layer is None or layer.w is not self.w:  # made once; again after .to()/.cuda()
             layer = self._layer = GemvWeights(self.w, self.scales, self.zeros)
+            self._prompts.clear()  # they hold the layer made before
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self._layer
-        # The eager decode call, kept lean (each tensor attribute costs ~0.1 us, a reshape ~1.4, a
+        # The eager call, kept lean (each tensor attribute costs ~0.1 us, a reshape ~1.4, a
         # buffer read as self.w ~0.9: self._buffers is read instead): an x whose shape and dtype
-        # an earlier call checked and planned (layer.calls), contiguous, on the layer's GPU, no
-        # gradient wanted, the weights not moved since prepared. Anything else takes the full
-        # path below, which makes the entry. Under torch.compile the second test is false and
-        # nothing else here is traced.
+        # an earlier call checked and planned (layer.calls: decode) or took a prefill path for
+        # (self._prompts), contiguous, on the layer's GPU, no gradient wanted, the weights not
+        # moved since prepared. Anything else takes the full path below, which makes the entry.
+        # Under torch.compile the second test is false and nothing else here is traced.
         if layer is not None and not torch.compiler.is_compiling() and layer.w is self._buffers["w"] \
                 and self._buffers["perm"] is None and x.get_device() == layer.device_index and x.is_contiguous() \
                 and not x.requires_grad:
-            call = layer.calls.get((x.shape, x.dtype))
+            key = (x.shape, x.dtype)
+            call = layer.calls.get(key)
             if call is not None:
                 y = layer.launch_shaped(call, x)
                 return y if self.bias is None else y.add_(self.bias)  # in y's dtype, whatever the bias's
+            prompt = self._prompts.get((key, self.chunked_tokens, self.gemm_max_tokens))
+            if prompt is not None:
+                y = prompt(x)
+                return y if self.bias is None else y.add_(self.bias)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
         if self.perm is not None:
@@ -222,7 +237,7 @@ class Int4Linear(nn.Module):
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and 1 <= tokens <= self.chunked_tokens) \
                 or (x.dtype, tokens) in self._no_kernel:
             if self._gemm_serves(x, tokens):
-                return self._through_gemm(x, tokens)
+                return self._through_gemm(x)
             return self._fallback(x)
         if tokens > MAX_TOKENS:
             return self._in_chunks(x, tokens)
@@ -253,19 +268,25 @@ class Int4Linear(nn.Module):
         return self._plus_bias(y)
 
     def _gemm_serves(self, x: torch.Tensor, tokens: int) -> bool:
-        """A prompt the int4 GEMM takes (up to gemm_max_tokens): on Hopper, eager, enough tiles for every SM."""
+        """A prompt the int4 GEMM takes (up to gemm_max_tokens): on the layer's GPU, a Hopper, eager,
+        tiles for at least GEMM_MIN_FILL of the SMs."""
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
                 and self.chunked_tokens < tokens <= self.gemm_max_tokens) or _through_op(x):
             return False
         layer = self._prepared()
         tiles = self.out_features // GEMM_ROWS * -(-tokens // GEMM_TOKENS)
-        return tiles >= layer.device.sm_count and layer.gemm_unsupported(x.dtype) is None
+        return tiles >= GEMM_MIN_FILL * layer.device.sm_count and x.get_device() == layer.device_index \
+            and layer.gemm_unsupported(x.dtype) is None
 
-    def _through_gemm(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
-        x2 = x.reshape(tokens, self.in_features)
-        x2 = x2 if x2.is_contiguous() else x2.contiguous()
-        y = self._prepared().matmul(x2, x2.new_empty(tokens, self.out_features))
-        return self._plus_bias(y.reshape(*x.shape[:-1], self.out_features))
+    def _through_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        layer, shape, dtype, device = self._prepared(), (*x.shape[:-1], self.out_features), x.dtype, x.device
+
+        def prompt(x):
+            return layer.matmul(x, torch.empty(shape, dtype=dtype, device=device))
+
+        y = prompt(x if x.is_contiguous() else x.contiguous())
+        self._prompts[(x.shape, dtype), self.chunked_tokens, self.gemm_max_tokens] = prompt
+        return self._plus_bias(y)
 
     def _plus_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -292,11 +313,18 @@ class Int4Linear(nn.Module):
                 W = _unpack_dequantize(self.w, self.scales, self.zeros, x.dtype)
                 if W.numel() * W.element_size() <= CPU_DENSE_CACHE_BYTES:
                     self._dense = W
-        else:  # one dequantising launch into a fresh workspace, then cuBLAS
-            dt = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float16
-            W = self._prepared().dense(torch.empty(self.out_features, self.in_features, dtype=dt, device=x.device))
-            if W.dtype != x.dtype:
-                W = W.to(x.dtype)
+        elif x.dtype in (torch.float16, torch.bfloat16):  # one dequantising launch into a fresh workspace, then cuBLAS
+            layer, shape, dtype, device = self._prepared(), (self.out_features, self.in_features), x.dtype, x.device
+
+            def prompt(x):  # x on the layer's device (the fast path checks it; dense below here)
+                return nn.functional.linear(x, layer.write_dense(torch.empty(shape, dtype=dtype, device=device)))
+
+            y = nn.functional.linear(x, layer.dense(torch.empty(shape, dtype=dtype, device=device)))
+            self._prompts[(x.shape, dtype), self.chunked_tokens, self.gemm_max_tokens] = prompt
+            return self._plus_bias(y)
+        else:  # other activation types: the weight in float16, then in theirs
+            W = self._prepared().dense(torch.empty(self.out_features, self.in_features, dtype=torch.float16,
+                                                   device=x.device)).to(x.dtype)
         y = torch.matmul(x, W.t())
         return self._plus_bias(y)
 

@@ -476,11 +476,14 @@ def _hopper() -> bool:
 def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
     """More tokens than one launch takes: the kernel once per 16 tokens (a partial last chunk
     included) up to chunked_tokens (48 for 16 MB of int4 weights); above, the int4 GEMM on Hopper
-    where its tiles fill the SMs and up to GEMM_MAX_TOKENS (300 tokens: 64 x 3 tiles), else one
-    dequantising launch + cuBLAS (200 tokens: 128 tiles; 700 tokens). fp16 and bf16, with a bias,
-    against the float64 reference, and the path taken is the one documented."""
+    where its tiles fill GEMM_MIN_FILL of the SMs, up to GEMM_MAX_TOKENS (200 and 300 tokens: 64 x
+    2 and 64 x 3 tiles), else one dequantising launch + cuBLAS (49 tokens: 64 tiles; 700 tokens).
+    fp16 and bf16, with a bias,
+    against the float64 reference, and the path taken is the one documented; a second prompt of
+    the shape (a new x) takes the path the first one took, until the module's gemm_max_tokens
+    changes."""
     t = _torch()
-    from int4jit.torch import GEMM_MAX_TOKENS, Int4Linear
+    from int4jit.torch import GEMM_MAX_TOKENS, GEMM_MIN_FILL, Int4Linear
     lin = t.nn.Linear(4096, 8192).cuda().half()
     q = Int4Linear.from_linear(lin, group_size=128)
     assert q.chunked_tokens == 48
@@ -488,22 +491,30 @@ def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
     bias = q.bias.double().cpu().numpy()
     layer = q._prepared()
     dense_calls, gemm_calls = [], []
-    real_dense, real_matmul = layer.dense, layer.matmul
-    monkeypatch.setattr(layer, "dense", lambda out: dense_calls.append(out.dtype) or real_dense(out))
+    real_dense, real_matmul = layer.write_dense, layer.matmul  # write_dense: under dense too
+    monkeypatch.setattr(layer, "write_dense", lambda out: dense_calls.append(out.dtype) or real_dense(out))
     monkeypatch.setattr(layer, "matmul", lambda x, out: gemm_calls.append(x.dtype) or real_matmul(x, out))
-    for dtype in (t.float16, t.bfloat16):
+
+    def check(dtype):
         xs = t.randn(1, tokens, 4096, device="cuda", dtype=dtype)
         y = q(xs)
         assert y.shape == (1, tokens, 8192) and y.dtype == dtype
         ref = xs[0].double().cpu().numpy() @ W.T + bias
         assert rel_error(y.float().cpu().numpy()[0], ref) <= (2e-3 if dtype == t.float16 else 5e-3)
-    gemm = _hopper() and 64 * -(-tokens // 128) >= layer.device.sm_count and tokens <= GEMM_MAX_TOKENS
-    assert len(gemm_calls) == (2 if gemm else 0)
-    assert len(dense_calls) == (2 if tokens > 48 and not gemm else 0)
+
+    for dtype in (t.float16, t.bfloat16, t.float16, t.bfloat16):
+        check(dtype)
+    gemm = _hopper() and 64 * -(-tokens // 128) >= GEMM_MIN_FILL * layer.device.sm_count and tokens <= GEMM_MAX_TOKENS
+    assert len(gemm_calls) == (4 if gemm else 0)
+    assert len(dense_calls) == (4 if tokens > 48 and not gemm else 0)
+    q.gemm_max_tokens = 0
+    check(t.float16)
+    assert len(gemm_calls) == (4 if gemm else 0) and len(dense_calls) == (4 * (not gemm) + 1 if tokens > 48 else 0)
 
 
 GEMM_CASES = [(128, 256, 128, False, 1), (384, 1024, 32, True, 77), (1024, 4096, 64, False, 300),
-              (4096, 4096, 128, False, 512), (256, 14336, 128, True, 129), (128, 512, 128, False, 1000)]
+              (4096, 4096, 128, False, 512), (256, 14336, 128, True, 129), (128, 512, 128, False, 1000),
+              (8192, 1024, 128, False, 640), (5120, 1024, 64, True, 400)]
 
 
 @pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16"])
@@ -511,8 +522,11 @@ GEMM_CASES = [(128, 256, 128, False, 1), (384, 1024, 32, True, 77), (1024, 4096,
 @pytest.mark.parametrize("N,K,group,symmetric,T", GEMM_CASES)
 def test_gemm_against_reference(N, K, group, symmetric, T, dtype, scale_dtype):
     """GemvWeights.matmul (templates/xperm.hip, then templates/gemm_sm90.hip) on Hopper: partial
-    token tiles, one token, symmetric, g32/g64/g128, bf16 scales; out poisoned before the call,
-    against the float64 reference."""
+    token tiles, one token, symmetric, g32/g64/g128, bf16 scales; up to one wave of tiles (all
+    but the last two cases on 132 SMs), tiles cut between blocks in the last waves (8192 x 640:
+    320 tiles, a data-parallel wave, then 188 tiles split; 5120 x 400: 160 tiles, all split); out
+    poisoned before the call, against the float64 reference; a second call (into a fresh
+    workspace) gives the same bits."""
     if not _hopper():
         pytest.skip("the int4 GEMM is Hopper's (sm_90)")
     t = _torch()
@@ -526,6 +540,8 @@ def test_gemm_against_reference(N, K, group, symmetric, T, dtype, scale_dtype):
     t.cuda.synchronize()
     ref = reference(xs.float().cpu().numpy(), w, st.float().cpu().numpy(), z)
     assert rel_error(out.float().cpu().numpy(), ref) <= (TOL if dtype == "float16" else 5e-3)
+    again = t.full_like(out, float("nan"))
+    assert t.equal(layer.matmul(xs, again), out)
 
 
 def test_gemm_refuses_what_it_cannot_serve():

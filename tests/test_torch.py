@@ -125,7 +125,7 @@ def test_a_module_pickled_without_chunked_tokens_gets_them():
     del state["chunked_tokens"], state["gemm_max_tokens"]  # as an Int4Linear pickled before they existed
     restored = Int4Linear.__new__(Int4Linear)
     restored.__setstate__(state)
-    assert restored.chunked_tokens == 32 and restored.gemm_max_tokens == GEMM_MAX_TOKENS == 640
+    assert restored.chunked_tokens == 32 and restored.gemm_max_tokens == GEMM_MAX_TOKENS == 512
     x = torch.randn(3, 4096)
     assert torch.equal(restored(x), q(x))
 
@@ -214,7 +214,8 @@ def _stubbed_layer(mod, is_capturing=lambda stream: False):
 def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
     """GemvWeights.matmul (Int4Linear's prefill on Hopper): the x layout kernel writes a workspace
     of whole 128-token tiles, then the GEMM reads it with the layer's weights and writes out; both
-    get the token count; the kernels are loaded once per dtype. Elsewhere: NotImplementedError
+    get the token count; the kernels are loaded once per dtype. The workspace is x' then, per SM,
+    a 64 KB slot of partial sums (256 threads x 64 fp32) and a 4-byte flag. Elsewhere: NotImplementedError
     naming why. The GPU is stubbed."""
     from int4jit import api
     mod = Int4Linear.from_linear(torch.nn.Linear(512, 256), group_size=128)
@@ -239,7 +240,7 @@ def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
         assert (k1, k2, s1, s2) == ("xperm", "gemm", 0x50, 0x50)
         assert a1[0] == x.data_ptr() and a1[5] == a2[5] == 300 and a2[0] == a1[4]
         assert a2[1:4] == [1, 2, 3] and a2[4] == out.data_ptr()
-    assert loaded == ["xperm", "gemm"] and workspaces[0] == (384, 512)
+    assert loaded == ["xperm", "gemm"] and workspaces[0] == (384 * 512 * 2 + 132 * (256 * 64 * 4 + 4)) // 2
     layer.device.arch = "sm_80"
     layer._gemm_launches.clear()
     layer._gemm_why.clear()

@@ -10,10 +10,24 @@
 // 16-byte chunks of each row swizzled (wgmma's K-major B, 128-byte swizzle). So a stage is one
 // bulk copy (cp.async.bulk, the async proxy: no per-thread copies, no proxy fence).
 //
-// Work. A tile is ROWS = 64 * WGS weight rows by TOK tokens; the grid is persistent and walks
-// the tiles (row tile major, so the token tiles of one row tile run together and read the
-// weights from DRAM once). A block is WGS warpgroups, each owning 64 rows of the tile and the
-// whole token range, D = 64 x TOK fp32 in registers (wgmma m64nTOKk16).
+// Work. A tile is ROWS = 64 * WGS weight rows by TOK tokens; a unit is one step (128 k) of a
+// tile. The grid is persistent (G blocks, one an SM) and walks the tiles in row tile major order,
+// so the token tiles of one row tile run together and read the weights from DRAM once:
+//   - whole waves, data-parallel: block b takes tiles b, b + G, ... for all but the last one to
+//     two waves' worth (tiles - G - tiles % G of them; none where tiles <= G: one wave, the
+//     idle SMs are fewer than the cost of cutting every tile);
+//   - the rest, stream-K: its units split evenly, block b taking [b U / G, (b+1) U / G) of the U
+//     left, so every SM ends at the same time (448 tiles on 132 SMs would leave a last wave 39%
+//     full). Cutting only the last waves keeps the data-parallel part's weight reuse (cutting
+//     them all measured slower: a block's tiles then run at other times than their row tile's).
+// A block is WGS warpgroups, each owning 64 rows of the tile and the whole token range, D = 64 x
+// TOK fp32 in registers (wgmma m64nTOKk16). A tile cut between blocks: a block whose range
+// starts inside a tile does that segment first, writes its D to its slot of the partial sums
+// (after x' in the caller's workspace) and raises its flag; the block holding the tile's first
+// step does it last, waits for the flags of the blocks after it that hold the rest, adds their
+// D in block order (deterministic) and stores y. Only later blocks are waited for and no block
+// waits before its partial is written, so the blocks cannot wait in a cycle. The flags are
+// zeroed by xperm.hip.
 //
 // Per step of 128 k:
 //   - thread 0 fills the STAGES-deep ring: it waits until every warpgroup has released the stage
@@ -25,7 +39,7 @@
 //     (k0,k4) (k1,k5) | (k2,k6) (k3,k7);
 //   - per half step, four wgmma (A from registers, B from shared memory); the next half step's A
 //     is made while they run.
-// Epilogue: D to y (tokens past `tokens` are not stored).
+// Epilogue: D to y (tokens past `tokens` are not stored), or to the partial sums.
 
 constexpr long long N = ${N};
 constexpr int K = ${K};
@@ -45,6 +59,8 @@ constexpr long long ROW_TILES = N / ROWS;
 constexpr int HALF_BYTES = TOK * 128;     // one 64-k half of a stage: TOK rows of 128 bytes
 constexpr int STAGE_BYTES = 2 * HALF_BYTES;
 constexpr int ACC = TOK / 2;              // fp32 accumulators a thread
+constexpr int PARTIAL_BYTES = ${PARTIAL_BYTES};  // a block's D in the partial sums
+static_assert(PARTIAL_BYTES == BS * ACC * 4, "the partial sums hold every thread's D");
 constexpr u32 MAGIC_1024 = 0x64006400u;
 constexpr u32 SIXTEENTH = 0x2C002C00u;
 constexpr u32 MAGIC_128 = 0x43004300u;
@@ -81,6 +97,18 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// The partial sums' flags: released by the writing block, acquired by the one that adds them.
+__device__ __forceinline__ void flag_raise(unsigned* f) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(f), "r"(1u) : "memory");
+}
+__device__ __forceinline__ void flag_wait(const unsigned* f) {
+    unsigned v;
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+        if (v) break;
+        __nanosleep(64);
+    }
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -184,27 +212,50 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     }
     __syncthreads();
 
-    // Steps are counted over the block's tiles: step n uses stage n % STAGES for the
+    // Steps are counted over the block's segments: its n-th step uses stage n % STAGES for the
     // (n / STAGES)-th time, which is the parity its mbarriers are waited on with.
+    const long long G = gridDim.x;
+    const long long dp_tiles = tiles > G ? tiles - G - tiles % G : tiles;
+    const long long sk_units = (tiles - dp_tiles) * STEPS;
+    auto first_unit = [&](long long b) { return dp_tiles * STEPS + b * sk_units / G; };
+    long long dp_tile = blockIdx.x, u = first_unit(blockIdx.x);
+    const long long u_end = first_unit(blockIdx.x + 1);
+    float4* const partial = (float4*)((const char*)x + token_tiles * STEPS * (long long)STAGE_BYTES);
+    unsigned* const flags = (unsigned*)((char*)partial + G * PARTIAL_BYTES);
     unsigned long long n0 = 0;
-    for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x, n0 += STEPS) {
+    for (;;) {  // a segment [sb, se) of a tile's steps
+        long long tile;
+        int sb = 0, se = STEPS;
+        if (dp_tile < dp_tiles) {
+            tile = dp_tile;
+            dp_tile += G;
+        } else if (u < u_end) {
+            tile = u / STEPS;
+            sb = (int)(u % STEPS);
+            se = (int)min((long long)STEPS, sb + (u_end - u));
+            u += se - sb;
+        } else {
+            break;
+        }
+        const long long nb = (long long)n0 - sb;  // step s of this segment is the block's step nb + s
+        n0 += se - sb;
         const long long rt = tile / token_tiles, tt = tile % token_tiles, tok0 = tt * TOK;
         const long long row0 = rt * ROWS + wg * 64 + warp * 16 + g;  // and row0 + 8
         const char* xtile = (const char*)x + tt * (long long)(STEPS * STAGE_BYTES);
 
         // Thread 0: step s of this tile into its stage, once the stage's last readers are done.
         auto fill = [&](int s) {
-            const unsigned long long n = n0 + s;
+            const unsigned long long n = nb + s;
             const u32 k = (u32)(n % STAGES);
             if (n >= STAGES) mbar_wait(empty_bar + 8 * k, (u32)((n / STAGES - 1) & 1));
             bulk_copy(ring + k * STAGE_BYTES, xtile + (long long)s * STAGE_BYTES, STAGE_BYTES, full_bar + 8 * k);
         };
         // A warpgroup is done with step s: one lane of it says so.
         auto release = [&](int s) {
-            if (tid % 128 == 0) mbar_arrive(empty_bar + 8 * (u32)((n0 + s) % STAGES));
+            if (tid % 128 == 0) mbar_arrive(empty_bar + 8 * (u32)((nb + s) % STAGES));
         };
         auto wait_full = [&](int s) {
-            const unsigned long long n = n0 + s;
+            const unsigned long long n = nb + s;
             mbar_wait(full_bar + 8 * (u32)(n % STAGES), (u32)((n / STAGES) & 1));
         };
         // The lane's weights of rows row0 and row0 + 8 (32 k at t), and their groups' scales and zeros.
@@ -225,56 +276,84 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
         for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
         StepWeights wring[PREFETCH];
 #pragma unroll
-        for (int s = 0; s < PREFETCH; ++s) {
-            if (s < STEPS) load_w(s, wring[s]);
+        for (int p = 0; p < PREFETCH; ++p) {
+            if (sb + p < se) load_w(sb + p, wring[p]);
         }
         if (tid == 0) {
 #pragma unroll
-            for (int s = 0; s < STAGES - 1; ++s) {
-                if (s < STEPS) fill(s);
+            for (int p = 0; p < STAGES - 1; ++p) {
+                if (sb + p < se) fill(sb + p);
             }
         }
         u32 a[2][4][4];  // the A of a half step (64 k), two in turn: one read by wgmma, one being made
         make_a(wring[0], 0, a[0]);
-        wait_full(0);
+        wait_full(sb);
 
-        for (int s0 = 0; s0 < STEPS; s0 += PREFETCH) {
+        for (int s0 = sb; s0 < se; s0 += PREFETCH) {
 #pragma unroll
-            for (int u = 0; u < PREFETCH; ++u) {  // unrolled: the weight slot is a register, not memory
-                const int s = s0 + u;
-                if (s >= STEPS) break;
-                const u32 base = ring + (u32)(((n0 + s) % STAGES) * STAGE_BYTES);
+            for (int p = 0; p < PREFETCH; ++p) {  // unrolled: the weight slot is a register, not memory
+                const int s = s0 + p;
+                if (s >= se) break;
+                const u32 base = ring + (u32)(((nb + s) % STAGES) * STAGE_BYTES);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     wg_fence();
 #pragma unroll
                     for (int j = 0; j < 4; ++j) wgmma_step(acc, a[h][j], smem_desc(base + h * HALF_BYTES + j * 32));
                     wg_commit();
-                    if (h == 1 && s + 1 == STEPS) break;
+                    if (h == 1 && s + 1 == se) break;
                     // The half step before this one is done: its A buffer is free (and, at h == 0,
                     // step s - 1's stage); the next half step's A is made while these run.
                     wg_wait<1>();
                     keep(a[1 - h]);
                     if (h == 0) {
-                        if (s > 0) release(s - 1);
-                        if (tid == 0 && s + STAGES - 1 < STEPS) fill(s + STAGES - 1);
-                        make_a(wring[u], 1, a[1]);
-                        if (s + PREFETCH < STEPS) load_w(s + PREFETCH, wring[u]);
+                        if (s > sb) release(s - 1);
+                        if (tid == 0 && s + STAGES - 1 < se) fill(s + STAGES - 1);
+                        make_a(wring[p], 1, a[1]);
+                        if (s + PREFETCH < se) load_w(s + PREFETCH, wring[p]);
                     } else {
-                        make_a(wring[(u + 1) % PREFETCH], 0, a[0]);
+                        make_a(wring[(p + 1) % PREFETCH], 0, a[0]);
                         wait_full(s + 1);
                     }
                 }
             }
         }
         wg_wait<0>();
-        release(STEPS - 1);
+        release(se - 1);
 #pragma unroll
         for (int i = 0; i < ACC; ++i) keep(acc[i]);
         keep(a[0]);
         keep(a[1]);
 
-        // D: element i of a thread is row 16w + g + 8((i%4)/2), token 8(i/4) + 2t + i%2.
+        // Element i of a thread's D is row 16w + g + 8((i%4)/2), token 8(i/4) + 2t + i%2; in the
+        // partial sums, float4 i/4 of thread tid is at [i/4][tid] (coalesced).
+        if (sb > 0) {  // the rest of a tile whose first step an earlier block holds: its partial D
+            float4* mine = partial + (long long)blockIdx.x * (PARTIAL_BYTES / 16) + tid;
+#pragma unroll
+            for (int i = 0; i < ACC; i += 4) mine[(i / 4) * BS] = float4{acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) flag_raise(flags + blockIdx.x);
+            continue;
+        }
+        if (se < STEPS) {  // the tile's first steps: the blocks after this one hold the rest
+            const long long tile_end = (tile + 1) * STEPS;
+            for (long long b = blockIdx.x + 1; first_unit(b) < tile_end; ++b) {
+                if (first_unit(b) == first_unit(b + 1)) continue;  // no units, no partial
+                if (tid == 0) flag_wait(flags + b);
+                __syncthreads();
+                const float4* theirs = partial + b * (PARTIAL_BYTES / 16) + tid;
+#pragma unroll
+                for (int i = 0; i < ACC; i += 4) {
+                    const float4 v = __ldcg(theirs + (i / 4) * BS);
+                    acc[i] += v.x;
+                    acc[i + 1] += v.y;
+                    acc[i + 2] += v.z;
+                    acc[i + 3] += v.w;
+                }
+            }
+        }
+
 #pragma unroll
         for (int i = 0; i < ACC; ++i) {
             const long long tok = tok0 + 8 * (i / 4) + 2 * t + (i % 2);

@@ -5,19 +5,25 @@
 //   x'[16 j + 8 hi + 2 t + e] = x[32 t + 8 w + 4 e + 2 h + hi]   (j = 2 w + h),
 // and the 16-byte chunk c of row r of a half stored at chunk c ^ (r % 8) (the 128-byte swizzle).
 // One thread a (row, step, w): four 16-byte loads (chunk t, word w), four 16-byte stores.
-// The arguments follow the GEMM's: x, three unused, y is x'.
+// The arguments follow the GEMM's: x, three unused, y is the GEMM's workspace: x', then the
+// partial sums (GEMM_GRID blocks of PARTIAL_BYTES), then one flag a GEMM block, zeroed here.
 
 constexpr int K = ${K};
 constexpr int BS = ${BS};
 constexpr int TOK = ${TOK};
 constexpr int STEPS = K / 128;
 constexpr int PIECES = K / 32;  // (step, w) of a row
+constexpr int GEMM_GRID = ${GEMM_GRID};
+constexpr long long PARTIAL_BYTES = ${PARTIAL_BYTES};
 
 extern "C" __global__ void __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT, const u16* I4_RESTRICT, const u8* I4_RESTRICT,
                u16* I4_RESTRICT y, long long tokens) {
     const long long rows = (tokens + TOK - 1) / TOK * TOK;
-    for (long long i = (long long)blockIdx.x * BS + threadIdx.x; i < rows * PIECES; i += (long long)gridDim.x * BS) {
+    const long long first = (long long)blockIdx.x * BS + threadIdx.x;
+    if (first < GEMM_GRID)
+        ((unsigned*)((char*)y + rows * K * 2 + GEMM_GRID * PARTIAL_BYTES))[first] = 0u;
+    for (long long i = first; i < rows * PIECES; i += (long long)gridDim.x * BS) {
         const long long row = i / PIECES;
         const int step = (int)(i % PIECES) / 4, w = (int)(i % 4), r = (int)(row % TOK);
         u32x4 in[4] = {};
