@@ -160,7 +160,7 @@ def test_compile_specs_builds_in_worker_processes_and_reports_failures():
     bad = cli._warm_plan(shape, "gfx1100", None)[1][:1]  # a target Debian's ROCm 5.2 does not know
     compiled, failed = cli.compile_specs(specs + bad, jobs=2)
     assert compiled == list(dict.fromkeys(specs + bad))  # each once, none of them cached before
-    assert all(compiler.is_cached(s) for s in specs)  # on disk: the workers wrote them
+    assert all(compiler.is_cached(s) for s in specs), failed  # on disk: the workers wrote them
     assert list(failed) == bad and "gfx1100" in failed[bad[0]]
 
 
