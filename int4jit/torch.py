@@ -46,6 +46,8 @@ CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 4))
 # H100 alike (docs/performance.md, "Prefill on Hopper").
 GEMM_MAX_TOKENS = 512
 GEMM_MIN_FILL = 0.75
+# The prompt shapes a module keeps its prefill path for (forward's fast path); a server sees many.
+PROMPT_SHAPES = 64
 
 
 def chunked_tokens(out_features: int, in_features: int) -> int:
@@ -285,8 +287,15 @@ class Int4Linear(nn.Module):
             return layer.matmul(x, torch.empty(shape, dtype=dtype, device=device))
 
         y = prompt(x if x.is_contiguous() else x.contiguous())
-        self._prompts[(x.shape, dtype), self.chunked_tokens, self.gemm_max_tokens] = prompt
+        self._remember(x, prompt)
         return self._plus_bias(y)
+
+    def _remember(self, x: torch.Tensor, prompt) -> None:
+        """Keep the path a GPU prefill of x's shape and dtype took, for the next such call; past
+        PROMPT_SHAPES shapes the oldest goes."""
+        if len(self._prompts) >= PROMPT_SHAPES:
+            del self._prompts[next(iter(self._prompts))]
+        self._prompts[(x.shape, x.dtype), self.chunked_tokens, self.gemm_max_tokens] = prompt
 
     def _plus_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -320,7 +329,7 @@ class Int4Linear(nn.Module):
                 return nn.functional.linear(x, layer.write_dense(torch.empty(shape, dtype=dtype, device=device)))
 
             y = nn.functional.linear(x, layer.dense(torch.empty(shape, dtype=dtype, device=device)))
-            self._prompts[(x.shape, dtype), self.chunked_tokens, self.gemm_max_tokens] = prompt
+            self._remember(x, prompt)
             return self._plus_bias(y)
         else:  # other activation types: the weight in float16, then in theirs
             W = self._prepared().dense(torch.empty(self.out_features, self.in_features, dtype=torch.float16,

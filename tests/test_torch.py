@@ -130,6 +130,21 @@ def test_a_module_pickled_without_chunked_tokens_gets_them():
     assert torch.equal(restored(x), q(x))
 
 
+def test_a_module_keeps_the_paths_of_its_latest_prompt_shapes_and_pickles_without_them():
+    """Int4Linear keeps the path each GPU prefill shape took (closures: not picklable) for at most
+    PROMPT_SHAPES shapes, dropping the oldest; a copy or pickle starts with none."""
+    import pickle
+    from int4jit.torch import PROMPT_SHAPES
+    q = Int4Linear.from_linear(torch.nn.Linear(256, 64), group_size=64)
+    for n in range(1, PROMPT_SHAPES + 7):
+        q._remember(torch.empty(n, 256), lambda x, n=n: n)
+    kept = sorted(key[0][0][0] for key in q._prompts)
+    assert kept == list(range(7, PROMPT_SHAPES + 7))
+    assert q._prompts[(torch.Size([PROMPT_SHAPES + 6, 256]), torch.float32), q.chunked_tokens,
+                      q.gemm_max_tokens](None) == PROMPT_SHAPES + 6
+    assert pickle.loads(pickle.dumps(q))._prompts == {} and len(q._prompts) == PROMPT_SHAPES
+
+
 def test_a_chunked_call_no_kernel_serves_falls_back_and_says_why(monkeypatch, caplog):
     """Where no kernel serves 16 tokens (AMD, or sm < 80), the chunked call warns once naming the
     reason, dequantises + multiplies (right), and does not try the kernel again for that count."""
