@@ -411,9 +411,8 @@ class GemvWeights:
         """dense for an `out` the caller has checked (Int4Linear's prefill, made every call)."""
         launch = self._dense_launch.get(out.dtype)
         if launch is None:
-            dtype = "bfloat16" if out.dtype is self._torch.bfloat16 else "float16"
             launch = self._dense_launch[out.dtype] = load(self.device, make_dequant_spec(
-                self.shape, self.device.arch, dtype)).launch_packed
+                self.shape, self.device.arch, self._shape_for(out.dtype).dtype)).launch_packed
         with self._lock:
             v = self._values
             v[0] = 0
