@@ -14,20 +14,21 @@
 // tile. The grid is persistent (G blocks, one an SM) and walks the tiles in row tile major order,
 // so the token tiles of one row tile run together and read the weights from DRAM once:
 //   - whole waves, data-parallel: block b takes tiles b, b + G, ... for all but the last one to
-//     two waves' worth (tiles - G - tiles % G of them; none where tiles <= G: one wave, the
-//     idle SMs are fewer than the cost of cutting every tile);
+//     two waves' worth (tiles - G - tiles % G of them; none where tiles <= G);
 //   - the rest, stream-K: its units split evenly, block b taking [b U / G, (b+1) U / G) of the U
 //     left, so every SM ends at the same time (448 tiles on 132 SMs would leave a last wave 39%
-//     full). Cutting only the last waves keeps the data-parallel part's weight reuse (cutting
+//     full; 32 tiles, as k/v at 512 tokens, would leave 100 SMs idle while 32 walk all of K).
+//     Cutting only the last waves keeps the data-parallel part's weight reuse (cutting
 //     them all measured slower: a block's tiles then run at other times than their row tile's).
 // A block is WGS warpgroups, each owning 64 rows of the tile and the whole token range, D = 64 x
-// TOK fp32 in registers (wgmma m64nTOKk16). A tile cut between blocks: a block whose range
-// starts inside a tile does that segment first, writes its D to its slot of the partial sums
-// (after x' in the caller's workspace) and raises its flag; the block holding the tile's first
-// step does it last, waits for the flags of the blocks after it that hold the rest, adds their
-// D in block order (deterministic) and stores y. Only later blocks are waited for and no block
-// waits before its partial is written, so the blocks cannot wait in a cycle. The flags are
-// zeroed by xperm.hip.
+// TOK fp32 in registers (wgmma m64nTOKk16). A tile cut between blocks: the block whose range
+// ends inside it writes its D to its slot of the partial sums (after x' in the caller's
+// workspace) and raises its flag; the block holding the tile's last step does that segment
+// last of all, waits for the flags of the earlier blocks that hold the rest, adds their D
+// (highest block first: deterministic) and stores y. A block waits only for lower-numbered
+// blocks, which the GPU started before it and which raise their flag before they wait
+// themselves: no cycle, and no wait on a block that a waiting one keeps off the GPU (as where
+// MPS or another kernel leaves fewer SMs than blocks). The flags are zeroed by xperm.hip.
 //
 // Per step of 128 k:
 //   - thread 0 fills the STAGES-deep ring: it waits until every warpgroup has released the stage
@@ -215,11 +216,13 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     // Steps are counted over the block's segments: its n-th step uses stage n % STAGES for the
     // (n / STAGES)-th time, which is the parity its mbarriers are waited on with.
     const long long G = gridDim.x;
-    const long long dp_tiles = tiles > G ? tiles - G - tiles % G : tiles;
+    const long long dp_tiles = tiles > G ? tiles - G - tiles % G : 0;
     const long long sk_units = (tiles - dp_tiles) * STEPS;
     auto first_unit = [&](long long b) { return dp_tiles * STEPS + b * sk_units / G; };
-    long long dp_tile = blockIdx.x, u = first_unit(blockIdx.x);
-    const long long u_end = first_unit(blockIdx.x + 1);
+    long long dp_tile = blockIdx.x, u = first_unit(blockIdx.x), u_end = first_unit(blockIdx.x + 1);
+    // Where the range starts inside a tile, that first segment waits for earlier blocks: it goes last.
+    long long tail = u, tail_end = u % STEPS ? min(u_end, (u / STEPS + 1) * STEPS) : u;
+    u = tail_end;
     float4* const partial = (float4*)((const char*)x + token_tiles * STEPS * (long long)STAGE_BYTES);
     unsigned* const flags = (unsigned*)((char*)partial + G * PARTIAL_BYTES);
     unsigned long long n0 = 0;
@@ -234,6 +237,11 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
             sb = (int)(u % STEPS);
             se = (int)min((long long)STEPS, sb + (u_end - u));
             u += se - sb;
+        } else if (tail < tail_end) {
+            tile = tail / STEPS;
+            sb = (int)(tail % STEPS);
+            se = (int)(tail_end - tile * STEPS);
+            tail = tail_end;
         } else {
             break;
         }
@@ -327,7 +335,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
 
         // Element i of a thread's D is row 16w + g + 8((i%4)/2), token 8(i/4) + 2t + i%2; in the
         // partial sums, float4 i/4 of thread tid is at [i/4][tid] (coalesced).
-        if (sb > 0) {  // the rest of a tile whose first step an earlier block holds: its partial D
+        if (se < STEPS) {  // a tile's steps before the last: a later block adds this partial D
             float4* mine = partial + (long long)blockIdx.x * (PARTIAL_BYTES / 16) + tid;
 #pragma unroll
             for (int i = 0; i < ACC; i += 4) mine[(i / 4) * BS] = float4{acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
@@ -336,9 +344,9 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
             if (tid == 0) flag_raise(flags + blockIdx.x);
             continue;
         }
-        if (se < STEPS) {  // the tile's first steps: the blocks after this one hold the rest
-            const long long tile_end = (tile + 1) * STEPS;
-            for (long long b = blockIdx.x + 1; first_unit(b) < tile_end; ++b) {
+        if (sb > 0) {  // the tile's last steps: the earlier blocks whose ranges end inside it hold the rest
+            const long long tile_begin = tile * STEPS;
+            for (long long b = blockIdx.x - 1; b >= 0 && first_unit(b + 1) > tile_begin; --b) {
                 if (first_unit(b) == first_unit(b + 1)) continue;  // no units, no partial
                 if (tid == 0) flag_wait(flags + b);
                 __syncthreads();
