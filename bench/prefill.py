@@ -13,8 +13,7 @@ enough copies of the layer to defeat L2; median of 5):
   dequant + mm the dequantising launch then F.linear (Int4Linear's path above chunked_tokens
                where the GEMM does not serve)
   int4 GEMM    GemvWeights.matmul: x laid out for the GEMM, then the GEMM reading the int4
-               weights (Hopper; Int4Linear's path up to GEMM_MAX_TOKENS where its tiles fill
-               GEMM_MIN_FILL of the SMs)
+               weights (Hopper; Int4Linear's path from chunked_tokens to GEMM_MAX_TOKENS)
   chunks of c  GemvWeights.launch_chunks: the kernel once per c tokens into one y (Int4Linear's
                path for 17..chunked_tokens tokens, c = 16); up to 128 tokens
   dequant      the dequantising launch alone (GemvWeights.dense into a kept workspace); its

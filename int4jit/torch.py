@@ -22,7 +22,6 @@ from torch import nn
 
 from .api import GemvWeights, permutation_fault
 from .shapes import MAX_TOKENS
-from .spec import GEMM_ROWS, GEMM_TOKENS
 from .reference import quantize
 from .trace import trace
 from .validate import validate
@@ -36,16 +35,14 @@ CPU_DENSE_CACHE_BYTES = 1 << 30
 # Llama-3-8B's projections, 16..128 tokens, H100 and H200 (bench/prefill.py; docs/performance.md).
 CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 4))
 # Past chunked_tokens, on Hopper, the int4 GEMM (GemvWeights.matmul) serves prompts of up to
-# GEMM_MAX_TOKENS where its tiles (128 rows x 128 tokens) fill at least GEMM_MIN_FILL of the SMs;
-# elsewhere (more tokens, few tiles, other GPUs) one dequantising launch + cuBLAS. The GEMM runs at
-# ~2/3 of cuBLAS's rate and saves the dequantisation, so it wins on short prompts of wide layers.
-# H200, GPU us, GEMM against dequantise + cuBLAS: 512 tokens gate/up 126 against 134, lm_head 1097
-# against 1149, q/o and down (128 tiles) 41 against 41 and 129 against 123; 128 tokens gate/up (112
-# tiles) 40 against 80; 640 tokens: it loses on every projection (gate/up 158 against 150, down 178
-# against 144); fewer tiles: one tile's steps set its time (down at 256 tokens: 122 against 94).
-# H100 alike (docs/performance.md, "Prefill on Hopper").
+# GEMM_MAX_TOKENS; elsewhere (more tokens, other GPUs) one dequantising launch + cuBLAS. The GEMM
+# runs at ~2/3 of cuBLAS's rate and saves the dequantisation, so it wins on short prompts; its
+# tiles (128 rows x 128 tokens) are cut between SMs where they are too few to fill them. H100, GPU
+# us, fp16, GEMM against dequantise + cuBLAS: 128 tokens gate/up 45 against 102, down 51 against
+# 115, q/o 24 against 29; 512 tokens gate/up 126 against 150, k/v 26 against 35, q/o and down
+# even; 640 tokens: it loses on every projection (H200: gate/up 158 against 150, down 178 against
+# 144). docs/performance.md, "Prefill on Hopper".
 GEMM_MAX_TOKENS = 512
-GEMM_MIN_FILL = 0.75
 # The prompt shapes a module keeps its prefill path for (forward's fast path); a server sees many.
 PROMPT_SHAPES = 64
 
@@ -124,7 +121,7 @@ class Int4Linear(nn.Module):
     the tensor-core kernels (NVIDIA sm_80+); a dtype and token count no kernel serves on the
     target falls back, said once. Up to `chunked_tokens` (CHUNK_LIMITS) the kernel runs once per 16
     tokens; a prompt of up to GEMM_MAX_TOKENS on Hopper (sm_90) runs the int4 GEMM
-    (GemvWeights.matmul) where its tiles fill most SMs; other prefills dequantise once per call on
+    (GemvWeights.matmul); other prefills dequantise once per call on
     the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
     weight is kept per module (up to CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
     enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
@@ -270,15 +267,13 @@ class Int4Linear(nn.Module):
         return self._plus_bias(y)
 
     def _gemm_serves(self, x: torch.Tensor, tokens: int) -> bool:
-        """A prompt the int4 GEMM takes (up to gemm_max_tokens): on the layer's GPU, a Hopper, eager,
-        tiles for at least GEMM_MIN_FILL of the SMs."""
+        """A prompt the int4 GEMM takes (more than chunked_tokens, up to gemm_max_tokens): on the
+        layer's GPU, a Hopper, eager."""
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
                 and self.chunked_tokens < tokens <= self.gemm_max_tokens) or _through_op(x):
             return False
         layer = self._prepared()
-        tiles = self.out_features // GEMM_ROWS * -(-tokens // GEMM_TOKENS)
-        return tiles >= GEMM_MIN_FILL * layer.device.sm_count and x.get_device() == layer.device_index \
-            and layer.gemm_unsupported(x.dtype) is None
+        return x.get_device() == layer.device_index and layer.gemm_unsupported(x.dtype) is None
 
     def _through_gemm(self, x: torch.Tensor) -> torch.Tensor:
         layer, shape, dtype, device = self._prepared(), (*x.shape[:-1], self.out_features), x.dtype, x.device

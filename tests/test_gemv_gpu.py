@@ -476,14 +476,13 @@ def _hopper() -> bool:
 def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
     """More tokens than one launch takes: the kernel once per 16 tokens (a partial last chunk
     included) up to chunked_tokens (48 for 16 MB of int4 weights); above, the int4 GEMM on Hopper
-    where its tiles fill GEMM_MIN_FILL of the SMs, up to GEMM_MAX_TOKENS (200 and 300 tokens: 64 x
-    2 and 64 x 3 tiles), else one dequantising launch + cuBLAS (49 tokens: 64 tiles; 700 tokens).
-    fp16 and bf16, with a bias,
+    up to GEMM_MAX_TOKENS (49 tokens: 64 tiles, fewer than the SMs; 300 tokens: 192 tiles), else
+    one dequantising launch + cuBLAS (700 tokens; 49 to 300 elsewhere). fp16 and bf16, with a bias,
     against the float64 reference, and the path taken is the one documented; a second prompt of
     the shape (a new x) takes the path the first one took, until the module's gemm_max_tokens
     changes."""
     t = _torch()
-    from int4jit.torch import GEMM_MAX_TOKENS, GEMM_MIN_FILL, Int4Linear
+    from int4jit.torch import GEMM_MAX_TOKENS, Int4Linear
     lin = t.nn.Linear(4096, 8192).cuda().half()
     q = Int4Linear.from_linear(lin, group_size=128)
     assert q.chunked_tokens == 48
@@ -504,7 +503,7 @@ def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
 
     for dtype in (t.float16, t.bfloat16, t.float16, t.bfloat16):
         check(dtype)
-    gemm = _hopper() and 64 * -(-tokens // 128) >= GEMM_MIN_FILL * layer.device.sm_count and tokens <= GEMM_MAX_TOKENS
+    gemm = _hopper() and q.chunked_tokens < tokens <= GEMM_MAX_TOKENS
     assert len(gemm_calls) == (4 if gemm else 0)
     assert len(dense_calls) == (4 if tokens > 48 and not gemm else 0)
     q.gemm_max_tokens = 0
@@ -522,9 +521,11 @@ GEMM_CASES = [(128, 256, 128, False, 1), (384, 1024, 32, True, 77), (1024, 4096,
 @pytest.mark.parametrize("N,K,group,symmetric,T", GEMM_CASES)
 def test_gemm_against_reference(N, K, group, symmetric, T, dtype, scale_dtype):
     """GemvWeights.matmul (templates/xperm.hip, then templates/gemm_sm90.hip) on Hopper: partial
-    token tiles, one token, symmetric, g32/g64/g128, bf16 scales; up to one wave of tiles (all
-    but the last two cases on 132 SMs), tiles cut between blocks in the last waves (8192 x 640:
-    320 tiles, a data-parallel wave, then 188 tiles split; 5120 x 400: 160 tiles, all split); out
+    token tiles, one token, symmetric, g32/g64/g128, bf16 scales; on 132 SMs: fewer tiles than
+    3/4 of the SMs, every tile cut between blocks (1 to 24 tiles: a tile's 2 to 112 steps over up
+    to 132 blocks), one data-parallel wave (4096 x 512: 128 tiles), tiles cut in the last waves
+    (8192 x 640: 320 tiles, a data-parallel wave, then 188 tiles split; 5120 x 400: 160 tiles,
+    all split); out
     poisoned before the call, against the float64 reference; a second call (into a fresh
     workspace) gives the same bits."""
     if not _hopper():
