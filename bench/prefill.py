@@ -13,7 +13,7 @@ enough copies of the layer to defeat L2; median of 5):
   dequant + mm the dequantising launch then F.linear (Int4Linear's path above chunked_tokens
                where the GEMM does not serve)
   int4 GEMM    GemvWeights.matmul: x laid out for the GEMM, then the GEMM reading the int4
-               weights (Hopper; Int4Linear's path from chunked_tokens to GEMM_MAX_TOKENS)
+               weights (Hopper; Int4Linear's path from GEMM_MIN_TOKENS to GEMM_MAX_TOKENS)
   chunks of c  GemvWeights.launch_chunks: the kernel once per c tokens into one y (Int4Linear's
                path for 17..chunked_tokens tokens, c = 16); up to 128 tokens
   dequant      the dequantising launch alone (GemvWeights.dense into a kept workspace); its
@@ -80,7 +80,7 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
     row["int4jit_rel_diff"] = rel(layers[0](x))
     row["int4jit_us"] = median_time(lambda: [m(x) for m in layers], copies)
     m = layers[0]
-    row["path"] = ("chunks" if T <= m.chunked_tokens else "gemm" if m._gemm_serves(x, T) else "dequant")
+    row["path"] = ("gemm" if m._gemm_serves(x, T) else "chunks" if T <= m.chunked_tokens else "dequant")
     ws = torch.empty(N, K, dtype=dtype, device=dev)
     t_deq = median_time(lambda: [g.dense(ws) for g in gw], copies)
     row["dequant_mm_us"] = median_time(lambda: [torch.nn.functional.linear(x, g.dense(ws)) for g in gw], copies)

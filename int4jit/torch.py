@@ -6,8 +6,8 @@ GemvWeights (validated once; a call re-checks only x). Under torch.compile, and 
 grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a fake
 implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
 (mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 64 by
-the weights' size) launch the kernel once per 16; a prompt of up to GEMM_MAX_TOKENS on Hopper
-runs the int4 GEMM. Anything else (longer prefill, the CPU, a call no kernel serves on the
+the weights' size) launch the kernel once per 16; on Hopper a prompt of GEMM_MIN_TOKENS (33) to
+GEMM_MAX_TOKENS runs the int4 GEMM instead. Anything else (longer prefill, the CPU, a call no kernel serves on the
 target) dequantises and uses torch.matmul, with a warning naming why.
 """
 from __future__ import annotations
@@ -34,14 +34,17 @@ CPU_DENSE_CACHE_BYTES = 1 << 30
 # it): at most 2 launches under 16 MB of int4 weights, 3 under 64 MB, 4 above. Measured on
 # Llama-3-8B's projections, 16..128 tokens, H100 and H200 (bench/prefill.py; docs/performance.md).
 CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 4))
-# Past chunked_tokens, on Hopper, the int4 GEMM (GemvWeights.matmul) serves prompts of up to
-# GEMM_MAX_TOKENS; elsewhere (more tokens, other GPUs) one dequantising launch + cuBLAS. The GEMM
-# runs at ~2/3 of cuBLAS's rate and saves the dequantisation, so it wins on short prompts; its
-# tiles (128 rows x 128 tokens) are cut between SMs where they are too few to fill them. H100, GPU
-# us, fp16, GEMM against dequantise + cuBLAS: 128 tokens gate/up 45 against 102, down 51 against
-# 115, q/o 24 against 29; 512 tokens gate/up 126 against 150, k/v 26 against 35, q/o and down
-# even; 640 tokens: it loses on every projection (H200: gate/up 158 against 150, down 178 against
-# 144). docs/performance.md, "Prefill on Hopper".
+# On Hopper the int4 GEMM (GemvWeights.matmul) serves prompts of GEMM_MIN_TOKENS to
+# GEMM_MAX_TOKENS, ahead of the chunks; elsewhere (more tokens, other GPUs) one dequantising launch
+# + cuBLAS. The GEMM runs at ~2/3 of cuBLAS's rate and saves the dequantisation, so it wins on
+# short prompts; its tiles (128 rows x 128 tokens) are cut between SMs where they are too few to
+# fill them. It costs about two chunk launches (a floor of ~23 us). H100, GPU us, fp16
+# (bench/prefill.py, docs/performance.md "Prefill on Hopper"): against 3 chunks at 48 tokens
+# gate/up 39 against 59, down 46 against 77, lm_head 261 against 411, q/o 23 against 26, k/v 30
+# against 17; against dequantise + cuBLAS at 128 tokens gate/up 41 against 106, down 49 against
+# 115; at 512 tokens gate/up 124 against 145, lm_head 1078 against 1234, q/o, down and k/v within
+# 10%; at 640 tokens it loses on every projection (H200: gate/up 158 against 150).
+GEMM_MIN_TOKENS = 2 * MAX_TOKENS + 1
 GEMM_MAX_TOKENS = 512
 # The prompt shapes a module keeps its prefill path for (forward's fast path); a server sees many.
 PROMPT_SHAPES = 64
@@ -120,9 +123,9 @@ class Int4Linear(nn.Module):
     torch's current stream (graph capture works): one token on the simt or tc kernel, several on
     the tensor-core kernels (NVIDIA sm_80+); a dtype and token count no kernel serves on the
     target falls back, said once. Up to `chunked_tokens` (CHUNK_LIMITS) the kernel runs once per 16
-    tokens; a prompt of up to GEMM_MAX_TOKENS on Hopper (sm_90) runs the int4 GEMM
-    (GemvWeights.matmul); other prefills dequantise once per call on
-    the GPU with one int4jit launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
+    tokens, but on Hopper (sm_90) a prompt of GEMM_MIN_TOKENS to GEMM_MAX_TOKENS runs the int4 GEMM
+    (GemvWeights.matmul); other prefills dequantise once per call on the GPU with one int4jit
+    launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
     weight is kept per module (up to CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
     enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
     constants). A conversion of the model's dtype leaves the scales as quantised. The weight
@@ -233,10 +236,10 @@ class Int4Linear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         tokens = x.numel() // self.in_features
+        if tokens >= GEMM_MIN_TOKENS and self._gemm_serves(x, tokens):
+            return self._through_gemm(x)
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and 1 <= tokens <= self.chunked_tokens) \
                 or (x.dtype, tokens) in self._no_kernel:
-            if self._gemm_serves(x, tokens):
-                return self._through_gemm(x)
             return self._fallback(x)
         if tokens > MAX_TOKENS:
             return self._in_chunks(x, tokens)
@@ -267,10 +270,10 @@ class Int4Linear(nn.Module):
         return self._plus_bias(y)
 
     def _gemm_serves(self, x: torch.Tensor, tokens: int) -> bool:
-        """A prompt the int4 GEMM takes (more than chunked_tokens, up to gemm_max_tokens): on the
-        layer's GPU, a Hopper, eager."""
+        """A prompt the int4 GEMM takes (GEMM_MIN_TOKENS to gemm_max_tokens): on the layer's GPU,
+        a Hopper, eager."""
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
-                and self.chunked_tokens < tokens <= self.gemm_max_tokens) or _through_op(x):
+                and GEMM_MIN_TOKENS <= tokens <= self.gemm_max_tokens) or _through_op(x):
             return False
         layer = self._prepared()
         return x.get_device() == layer.device_index and layer.gemm_unsupported(x.dtype) is None

@@ -472,17 +472,17 @@ def _hopper() -> bool:
     return _torch().cuda.get_device_capability() == (9, 0)
 
 
-@pytest.mark.parametrize("tokens", [17, 40, 48, 49, 200, 300, 700])
+@pytest.mark.parametrize("tokens", [17, 32, 33, 40, 48, 49, 200, 300, 700])
 def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
-    """More tokens than one launch takes: the kernel once per 16 tokens (a partial last chunk
-    included) up to chunked_tokens (48 for 16 MB of int4 weights); above, the int4 GEMM on Hopper
-    up to GEMM_MAX_TOKENS (49 tokens: 64 tiles, fewer than the SMs; 300 tokens: 192 tiles), else
-    one dequantising launch + cuBLAS (700 tokens; 49 to 300 elsewhere). fp16 and bf16, with a bias,
-    against the float64 reference, and the path taken is the one documented; a second prompt of
-    the shape (a new x) takes the path the first one took, until the module's gemm_max_tokens
-    changes."""
+    """More tokens than one launch takes: on Hopper the int4 GEMM from GEMM_MIN_TOKENS (33) to
+    GEMM_MAX_TOKENS (40 and 49 tokens: 64 tiles, fewer than the SMs, cut between them; 300 tokens:
+    192 tiles); elsewhere the kernel once per 16 tokens (a partial last chunk included) up to
+    chunked_tokens (48 for 16 MB of int4 weights), and above it (and past GEMM_MAX_TOKENS: 700
+    tokens) one dequantising launch + cuBLAS. fp16 and bf16, with a bias, against the float64
+    reference, and the path taken is the one documented; a second prompt of the shape (a new x)
+    takes the path the first one took, until the module's gemm_max_tokens changes."""
     t = _torch()
-    from int4jit.torch import GEMM_MAX_TOKENS, Int4Linear
+    from int4jit.torch import GEMM_MAX_TOKENS, GEMM_MIN_TOKENS, Int4Linear
     lin = t.nn.Linear(4096, 8192).cuda().half()
     q = Int4Linear.from_linear(lin, group_size=128)
     assert q.chunked_tokens == 48
@@ -503,7 +503,7 @@ def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
 
     for dtype in (t.float16, t.bfloat16, t.float16, t.bfloat16):
         check(dtype)
-    gemm = _hopper() and q.chunked_tokens < tokens <= GEMM_MAX_TOKENS
+    gemm = _hopper() and GEMM_MIN_TOKENS <= tokens <= GEMM_MAX_TOKENS
     assert len(gemm_calls) == (4 if gemm else 0)
     assert len(dense_calls) == (4 if tokens > 48 and not gemm else 0)
     q.gemm_max_tokens = 0
