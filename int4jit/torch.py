@@ -7,8 +7,8 @@ grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a 
 implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
 (mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 64 by
 the weights' size) launch the kernel once per 16; on Hopper a prompt of GEMM_MIN_TOKENS (33) to
-GEMM_MAX_TOKENS runs the int4 GEMM instead. Anything else (longer prefill, the CPU, a call no kernel serves on the
-target) dequantises and uses torch.matmul, with a warning naming why.
+GEMM_MAX_TOKENS runs the int4 GEMM instead. Anything else (longer prefill, the CPU, a call no
+kernel serves on the target) dequantises and uses torch.matmul, with a warning naming why.
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ PROMPT_SHAPES = 64
 
 
 def chunked_tokens(out_features: int, in_features: int) -> int:
-    """The most tokens Int4Linear's GPU call serves in launches of MAX_TOKENS; more dequantise."""
+    """The most tokens Int4Linear's GPU call serves in launches of MAX_TOKENS; more dequantise
+    (on Hopper the int4 GEMM takes GEMM_MIN_TOKENS and more first)."""
     nbytes = out_features * in_features // 2
     return MAX_TOKENS * next(n for limit, n in CHUNK_LIMITS if nbytes < limit)
 

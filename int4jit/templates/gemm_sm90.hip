@@ -15,7 +15,7 @@
 // so the token tiles of one row tile run together and read the weights from DRAM once:
 //   - whole waves, data-parallel: block b takes tiles b, b + G, ... for all but the last one to
 //     two waves' worth (tiles - G - tiles % G of them); where tiles <= G, all of them if they
-//     fill at least 3/4 of the grid (one wave; cutting 128 tiles on 132 SMs measured 7-9% slower),
+//     fill at least 3/4 of the grid (one wave; cutting 128 tiles on 132 SMs measured 3-15% slower),
 //     else none;
 //   - the rest, stream-K: its units split evenly, block b taking [b U / G, (b+1) U / G) of the U
 //     left, so every SM ends at the same time (448 tiles on 132 SMs would leave a last wave 39%
