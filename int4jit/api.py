@@ -435,9 +435,10 @@ class GemvWeights:
         """out [..., N] = x [..., K] @ W^T for a prompt of any number of tokens T on Hopper (sm_90):
         x laid out for the GEMM in a workspace (templates/xperm.hip), then the GEMM that reads the
         int4 weights itself (templates/gemm_sm90.hip: the last waves' tiles, or too few tiles to
-        fill the SMs, cut between them so all end together), on torch's current stream; no dense copy of the weight. x and out: contiguous
-        float16 or bfloat16 tensors of T x K and T x N elements on the layer's device, checked by
-        the caller as __call__ checks x. NotImplementedError where gemm_unsupported says why."""
+        fill the SMs, cut between them so all end together), on torch's current stream; no dense
+        copy of the weight. x and out: contiguous float16 or bfloat16 tensors of T x K and T x N
+        elements on the layer's device, checked by the caller as __call__ checks x.
+        NotImplementedError where gemm_unsupported says why."""
         launches = self._gemm_launches.get(x.dtype)
         if launches is None:
             why = self.gemm_unsupported(x.dtype)

@@ -153,7 +153,7 @@ class Int4Linear(nn.Module):
                 raise ValueError(f"perm must be {fault}")
         self.group_size = self.in_features // self.scales.shape[1]
         self._layer: Optional[GemvWeights] = None
-        # (x.shape, x.dtype, chunked_tokens, gemm_max_tokens) -> x -> y without bias: the path a
+        # ((x.shape, x.dtype), chunked_tokens, gemm_max_tokens) -> x -> y without bias: the path a
         # GPU prefill of that shape took (the int4 GEMM, or dequantise + cuBLAS), for the next one
         self._prompts: dict = {}
         self._dense: Optional[torch.Tensor] = None
@@ -237,7 +237,7 @@ class Int4Linear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         tokens = x.numel() // self.in_features
-        if tokens >= GEMM_MIN_TOKENS and self._gemm_serves(x, tokens):
+        if self._gemm_serves(x, tokens):
             return self._through_gemm(x)
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and 1 <= tokens <= self.chunked_tokens) \
                 or (x.dtype, tokens) in self._no_kernel:

@@ -525,9 +525,8 @@ def test_gemm_against_reference(N, K, group, symmetric, T, dtype, scale_dtype):
     3/4 of the SMs, every tile cut between blocks (1 to 24 tiles: a tile's 2 to 112 steps over up
     to 132 blocks), one data-parallel wave (4096 x 512: 128 tiles), tiles cut in the last waves
     (8192 x 640: 320 tiles, a data-parallel wave, then 188 tiles split; 5120 x 400: 160 tiles,
-    all split); out
-    poisoned before the call, against the float64 reference; a second call (into a fresh
-    workspace) gives the same bits."""
+    all split); out poisoned before the call, against the float64 reference; a second call (into
+    a fresh workspace) gives the same bits."""
     if not _hopper():
         pytest.skip("the int4 GEMM is Hopper's (sm_90)")
     t = _torch()
