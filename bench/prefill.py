@@ -38,9 +38,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, copy_bandwidth, ev_time, gpu_or_exit, write_section  # noqa: E402
 
-# Llama-3-8B's projections as a transformers model calls them (q, k and v apart; gate and up apart).
+# Llama-3-8B's projections as a transformers model calls them (q, k and v apart; gate and up apart),
+# and the two layers quantize_model fuses them into (fuse_shared_inputs): the dense row of those is
+# one F.linear of the fused shape, which is faster than the model's separate ones.
 SHAPES = {"q/o": (4096, 4096), "k/v": (1024, 4096), "gate/up": (14336, 4096), "down": (4096, 14336),
-          "lm_head": (128256, 4096)}
+          "lm_head": (128256, 4096), "q+k+v": (6144, 4096), "gate+up": (28672, 4096)}
 ROTATE_BYTES = 200 << 20  # int4 bytes of distinct layer copies a timed pass walks
 CHUNKS_UP_TO = 128  # token counts the chunked rows are measured at
 

@@ -156,11 +156,13 @@ class Int4Linear(nn.Module):
         # ((x.shape, x.dtype), chunked_tokens, gemm_max_tokens) -> x -> y without bias: the path a
         # GPU prefill of that shape took (the int4 GEMM, or dequantise + cuBLAS), for the next one
         self._prompts: dict = {}
-        self._dense: Optional[torch.Tensor] = None
+        self._dense: Optional[torch.Tensor] = None  # the CPU's dequantised weight, and what it was made of
+        self._dense_of: tuple = ()
         self._warned = False
         self._no_kernel: set = set()  # (dtype, tokens) no kernel serves on this layer's target
         self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
         self.gemm_max_tokens = GEMM_MAX_TOKENS  # the most tokens a call runs through the int4 GEMM
+        self._shared = None  # a _Watch or _Fused shared with sibling layers (fuse_shared_inputs)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 128, symmetric: bool = False) -> "Int4Linear":
@@ -174,6 +176,8 @@ class Int4Linear(nn.Module):
         .to(torch.bfloat16)) leaves the scales in the type they were quantised in (the kernels
         read float16 or bfloat16 scales, and a cast would change the quantised weights)."""
         scales = self._buffers["scales"]
+        if isinstance(self._shared, _Fused):  # the group's weights are made again from the moved ones
+            self._shared.release()
         moved = fn(scales[:0])  # what fn makes of the scales (an empty view: nothing copied)
         if moved.dtype == scales.dtype:
             return super()._apply(fn, *args, **kwargs)
@@ -183,9 +187,10 @@ class Int4Linear(nn.Module):
         finally:
             self._buffers["scales"] = scales.to(moved.device)
 
-    def __getstate__(self):  # copy/pickle: the prepared launch is per process, made again on use
+    def __getstate__(self):  # copy/pickle: the prepared launch is per process, made again on use; a copy
+        # runs unfused (its weights stay views of one tensor where they were fused)
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        return {**state, "_layer": None, "_prompts": {}}
+        return {**state, "_layer": None, "_prompts": {}, "_shared": None}
 
     def __setstate__(self, state):  # a module pickled before chunked_tokens (or the GEMM) existed gets it
         super().__setstate__(state)
@@ -193,6 +198,7 @@ class Int4Linear(nn.Module):
             self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
         self.__dict__.setdefault("gemm_max_tokens", GEMM_MAX_TOKENS)
         self.__dict__.setdefault("_prompts", {})
+        self.__dict__.setdefault("_shared", None)
 
     @classmethod
     def from_weights(cls, weights) -> "Int4Linear":
@@ -213,6 +219,11 @@ class Int4Linear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compiling = torch.compiler.is_compiling()
+        if not compiling and self._shared is not None:  # siblings called on one x: one launch (fuse_shared_inputs)
+            y = self._shared(self, x)
+            if y is not None:
+                return y
         layer = self._layer
         # The eager call, kept lean (each tensor attribute costs ~0.1 us, a reshape ~1.4, a
         # buffer read as self.w ~0.9: self._buffers is read instead): an x whose shape and dtype
@@ -220,7 +231,7 @@ class Int4Linear(nn.Module):
         # (self._prompts), contiguous, on the layer's GPU, no gradient wanted, the weights not
         # moved since prepared. Anything else takes the full path below, which makes the entry.
         # Under torch.compile the second test is false and nothing else here is traced.
-        if layer is not None and not torch.compiler.is_compiling() and layer.w is self._buffers["w"] \
+        if layer is not None and not compiling and layer.w is self._buffers["w"] \
                 and self._buffers["perm"] is None and x.get_device() == layer.device_index and x.is_contiguous() \
                 and not x.requires_grad:
             key = (x.shape, x.dtype)
@@ -315,12 +326,15 @@ class Int4Linear(nn.Module):
             (trace if x.is_cuda and tokens > 1 else log.warning)(
                 "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
                 self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
-        if not x.is_cuda:
+        if not x.is_cuda:  # the dense weight kept until the weights change (load_state_dict writes them in place)
+            weights = (self.w, self.scales, self.zeros)
+            made_of = (x.dtype, *weights, tuple(t._version for t in weights if t is not None))
             W = self._dense
-            if W is None or W.dtype != x.dtype:
+            if W is None or any(a is not b for a, b in zip(self._dense_of[:4], made_of)) \
+                    or self._dense_of[4] != made_of[4]:
                 W = _unpack_dequantize(self.w, self.scales, self.zeros, x.dtype)
                 if W.numel() * W.element_size() <= CPU_DENSE_CACHE_BYTES:
-                    self._dense = W
+                    self._dense, self._dense_of = W, made_of
         elif x.dtype in (torch.float16, torch.bfloat16):  # one dequantising launch into a fresh workspace, then cuBLAS
             layer, shape, dtype, device = self._prepared(), (self.out_features, self.in_features), x.dtype, x.device
 
@@ -337,10 +351,144 @@ class Int4Linear(nn.Module):
         return self._plus_bias(y)
 
 
-def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = False, skip=()) -> nn.Module:
+# -- layers that share their input ------------------------------------------------------
+def _capturing(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+class _Watch:
+    """Sibling Int4Linears that may be called on one x (as q/k/v and gate/up are): their eager
+    calls are watched until each member has been in a run of calls (members called one after
+    another with the same, unchanged x object). Members that ran together are fused (_Fused); one
+    that ran alone stops being watched."""
+
+    def __init__(self, members):
+        self.x, self.version, self.run = None, 0, []
+        for m in members:
+            m._shared = self
+
+    def __call__(self, member: "Int4Linear", x: torch.Tensor) -> None:
+        if x is not self.x or x._version != self.version or member in self.run:
+            self.settle(capturing=_capturing(x))
+            if member._shared is not self:  # settled just now: fused with the last run, or let go
+                return None if member._shared is None else member._shared(member, x)
+            self.x, self.version = x, x._version
+        self.run.append(member)
+        return None  # the member computes its own output
+
+    def settle(self, capturing: bool) -> None:
+        """The run so far has ended: fuse its members, or let one that ran alone go. Nothing is
+        decided during a graph capture (fusing copies the weights; the capture would only record it)."""
+        run, self.run, self.x = self.run, [], None
+        if capturing or not run:
+            return
+        if len(run) == 1:
+            run[0]._shared = None
+        else:
+            _Fused(run)
+
+
+class _Fused:
+    """Int4Linears called on one x, computed together: their weights are concatenated into one
+    Int4Linear (each member's w, scales, zeros and bias become views of its tensors, so nothing is
+    held twice), the first member called with an x runs it once for all, and the others return
+    their slice of its output while they are called with that same, unchanged x. A member called
+    with another x while a slice is still waiting splits the group up (said once): each member
+    then runs alone on its views."""
+
+    def __init__(self, members):
+        self.members = tuple(members)
+        self.sizes = [m.out_features for m in self.members]
+        self.linear: Optional[Int4Linear] = None
+        self.views: tuple = ()
+        self.x, self.version, self.waiting, self.left = None, 0, [None] * len(self.members), 0
+        for m in self.members:
+            m._shared = self
+        self.build()
+        trace("fused %d layers that share their input: out_features %s, in_features %d", len(self.members),
+              "+".join(map(str, self.sizes)), self.members[0].in_features)
+
+    def build(self) -> None:
+        """Concatenate the members' weights into one Int4Linear; the members' tensors become views of it."""
+        ms = self.members
+        cat = lambda name: None if ms[0]._buffers[name] is None else torch.cat([m._buffers[name] for m in ms])
+        bias = None if all(m.bias is None for m in ms) else torch.cat([
+            m.bias.detach() if m.bias is not None else m.scales.new_zeros(m.out_features) for m in ms])
+        self.linear = Int4Linear(cat("w"), cat("scales"), cat("zeros"), bias)
+        start = 0
+        for m, n in zip(ms, self.sizes):
+            for name in ("w", "scales", "zeros"):
+                if m._buffers[name] is not None:
+                    m._buffers[name] = self.linear._buffers[name][start:start + n]
+            if m.bias is not None:
+                m.bias = nn.Parameter(self.linear.bias[start:start + n], requires_grad=False)
+            m._layer, m._dense = None, None  # what they held of their own weights
+            m._prompts.clear()
+            start += n
+        self.views = tuple(m._buffers["w"] for m in ms)
+
+    def release(self) -> None:
+        """A member was moved or converted: the concatenated weights are made again at the next call."""
+        self.linear, self.x, self.waiting, self.left = None, None, [None] * len(self.members), 0
+
+    def split_up(self, why: str) -> None:
+        log.warning("int4jit: layers %s no longer run as one (%s); each runs alone from now on",
+                    "+".join(f"{m.out_features}x{m.in_features}" for m in self.members), why)
+        for m in self.members:
+            m._shared = None
+
+    def __call__(self, member: "Int4Linear", x: torch.Tensor) -> Optional[torch.Tensor]:
+        i = self.members.index(member)
+        if x is self.x and x._version == self.version:
+            y = self.waiting[i]
+            if y is not None:
+                self.waiting[i] = None
+                self.left -= 1
+                if not self.left:
+                    self.x = None
+                return y
+        elif self.left:
+            self.split_up("a layer was called with another input before the last one's output was taken")
+            return None
+        if self.linear is None or any(m._buffers["w"] is not v for m, v in zip(self.members, self.views)):
+            if _capturing(x):  # making the weights again would only be recorded
+                self.split_up("its weights changed and a CUDA graph is being captured")
+                return None
+            self.build()
+        ys = [y.contiguous() for y in self.linear.forward(x).split(self.sizes, -1)]  # as nn.Linear gives them
+        y, ys[i] = ys[i], None
+        self.x, self.version, self.waiting, self.left = x, x._version, ys, len(ys) - 1
+        return y
+
+
+def fuse_shared_inputs(model: nn.Module) -> int:
+    """Let the Int4Linear children of each module that are called on the same x (q/k/v, gate/up)
+    run as one launch. Candidates are a module's Int4Linear children with one in_features, group
+    size, symmetry, scales dtype and device, and no act-order permutation; the model's first eager
+    calls show which of them share x (see _Watch), and only those are fused. Under torch.compile,
+    and for a copy of the model, each layer runs alone. Fused layers' weights are views of one
+    tensor (torch.save keeps them so; safetensors wants each cloned). Returns how many groups of
+    candidates are watched."""
+    watched = 0
+    for module in model.modules():
+        groups: dict = {}
+        for child in module.children():
+            if isinstance(child, Int4Linear) and child.perm is None and child.w.device.type != "meta":
+                key = (child.in_features, child.group_size, child.zeros is None, child.scales.dtype, child.w.device)
+                groups.setdefault(key, []).append(child)
+        for members in groups.values():
+            if len(members) > 1:
+                _Watch(members)
+                watched += 1
+    return watched
+
+
+def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = False, skip=(),
+                   fuse: bool = True) -> nn.Module:
     """Replace every nn.Linear in `model` (in place) by an Int4Linear, quantised on its own device,
     except those whose qualified name matches a pattern in `skip` (fnmatch, e.g. 'lm_head' or
-    '*.attn.*') or whose in_features is not a multiple of group_size (kept, and traced)."""
+    '*.attn.*') or whose in_features is not a multiple of group_size (kept, and traced).
+    fuse: layers called on the same x run as one launch (fuse_shared_inputs)."""
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
@@ -353,4 +501,6 @@ def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = Fa
                       child.in_features, group_size)
                 continue
             setattr(module, child_name, Int4Linear.from_linear(child, group_size, symmetric))
+    if fuse:
+        fuse_shared_inputs(model)
     return model
