@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -352,40 +353,42 @@ class Int4Linear(nn.Module):
 
 
 # -- layers that share their input ------------------------------------------------------
+# Groups hold their members by weak reference: a member refers to its group (_shared), and a cycle
+# would keep a deleted model's GPU memory until the garbage collector runs.
 def _capturing(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _fusable(m: "Int4Linear") -> tuple:
+    """What layers must have in common to be fused: equal keys."""
+    return m.in_features, m.group_size, m.zeros is None, m.scales.dtype, m.w.device, m.perm is None
 
 
 class _Watch:
     """Sibling Int4Linears that may be called on one x (as q/k/v and gate/up are): their eager
     calls are watched until each member has been in a run of calls (members called one after
     another with the same, unchanged x object). Members that ran together are fused (_Fused); one
-    that ran alone stops being watched."""
+    that ran alone stops being watched. Nothing is decided during a CUDA graph capture."""
 
     def __init__(self, members):
-        self.x, self.version, self.run = None, 0, []
+        self.x, self.version, self.run = None, 0, []  # run: weak references
         for m in members:
             m._shared = self
 
-    def __call__(self, member: "Int4Linear", x: torch.Tensor) -> None:
-        if x is not self.x or x._version != self.version or member in self.run:
-            self.settle(capturing=_capturing(x))
-            if member._shared is not self:  # settled just now: fused with the last run, or let go
+    def __call__(self, member: "Int4Linear", x: torch.Tensor) -> Optional[torch.Tensor]:
+        me = weakref.ref(member)
+        if x is not self.x or x._version != self.version or me in self.run:
+            run, self.run, self.x = [r() for r in self.run], [], None  # the run so far has ended
+            if not _capturing(x):  # (fusing copies the weights: a capture would only record that)
+                if len(run) == 1 and run[0] is not None:
+                    run[0]._shared = None
+                elif len(run) > 1 and None not in run:
+                    _Fused(run)
+            if member._shared is not self:  # fused with the run just ended, or let go
                 return None if member._shared is None else member._shared(member, x)
             self.x, self.version = x, x._version
-        self.run.append(member)
+        self.run.append(me)
         return None  # the member computes its own output
-
-    def settle(self, capturing: bool) -> None:
-        """The run so far has ended: fuse its members, or let one that ran alone go. Nothing is
-        decided during a graph capture (fusing copies the weights; the capture would only record it)."""
-        run, self.run, self.x = self.run, [], None
-        if capturing or not run:
-            return
-        if len(run) == 1:
-            run[0]._shared = None
-        else:
-            _Fused(run)
 
 
 class _Fused:
@@ -397,20 +400,24 @@ class _Fused:
     then runs alone on its views."""
 
     def __init__(self, members):
-        self.members = tuple(members)
-        self.sizes = [m.out_features for m in self.members]
+        self.refs = tuple(weakref.ref(m) for m in members)
+        self.index = {id(m): i for i, m in enumerate(members)}
+        self.sizes = [m.out_features for m in members]
         self.linear: Optional[Int4Linear] = None
-        self.views: tuple = ()
-        self.x, self.version, self.waiting, self.left = None, 0, [None] * len(self.members), 0
-        for m in self.members:
+        self.views: tuple = ()  # the members' w as made by build: another one means they changed
+        self.x, self.version, self.waiting, self.left = None, 0, [None] * len(members), 0
+        for m in members:
             m._shared = self
-        self.build()
-        trace("fused %d layers that share their input: out_features %s, in_features %d", len(self.members),
-              "+".join(map(str, self.sizes)), self.members[0].in_features)
+        self.build(members)
+        trace("fused %d layers that share their input: out_features %s, in_features %d", len(members),
+              "+".join(map(str, self.sizes)), members[0].in_features)
 
-    def build(self) -> None:
+    @property
+    def members(self) -> tuple:
+        return tuple(r() for r in self.refs)
+
+    def build(self, ms) -> None:
         """Concatenate the members' weights into one Int4Linear; the members' tensors become views of it."""
-        ms = self.members
         cat = lambda name: None if ms[0]._buffers[name] is None else torch.cat([m._buffers[name] for m in ms])
         bias = None if all(m.bias is None for m in ms) else torch.cat([
             m.bias.detach() if m.bias is not None else m.scales.new_zeros(m.out_features) for m in ms])
@@ -429,16 +436,17 @@ class _Fused:
 
     def release(self) -> None:
         """A member was moved or converted: the concatenated weights are made again at the next call."""
-        self.linear, self.x, self.waiting, self.left = None, None, [None] * len(self.members), 0
+        self.linear, self.x, self.waiting, self.left = None, None, [None] * len(self.refs), 0
 
     def split_up(self, why: str) -> None:
+        ms = [m for m in self.members if m is not None]
         log.warning("int4jit: layers %s no longer run as one (%s); each runs alone from now on",
-                    "+".join(f"{m.out_features}x{m.in_features}" for m in self.members), why)
-        for m in self.members:
+                    " + ".join(f"{m.out_features}x{m.in_features}" for m in ms), why)
+        for m in ms:
             m._shared = None
 
     def __call__(self, member: "Int4Linear", x: torch.Tensor) -> Optional[torch.Tensor]:
-        i = self.members.index(member)
+        i = self.index[id(member)]
         if x is self.x and x._version == self.version:
             y = self.waiting[i]
             if y is not None:
@@ -451,10 +459,14 @@ class _Fused:
             self.split_up("a layer was called with another input before the last one's output was taken")
             return None
         if self.linear is None or any(m._buffers["w"] is not v for m, v in zip(self.members, self.views)):
+            ms = self.members
+            if len({_fusable(m) for m in ms}) > 1:
+                self.split_up("they no longer have one device, scales dtype and format")
+                return None
             if _capturing(x):  # making the weights again would only be recorded
                 self.split_up("its weights changed and a CUDA graph is being captured")
                 return None
-            self.build()
+            self.build(ms)
         ys = [y.contiguous() for y in self.linear.forward(x).split(self.sizes, -1)]  # as nn.Linear gives them
         y, ys[i] = ys[i], None
         self.x, self.version, self.waiting, self.left = x, x._version, ys, len(ys) - 1
@@ -474,8 +486,7 @@ def fuse_shared_inputs(model: nn.Module) -> int:
         groups: dict = {}
         for child in module.children():
             if isinstance(child, Int4Linear) and child.perm is None and child.w.device.type != "meta":
-                key = (child.in_features, child.group_size, child.zeros is None, child.scales.dtype, child.w.device)
-                groups.setdefault(key, []).append(child)
+                groups.setdefault(_fusable(child), []).append(child)
         for members in groups.values():
             if len(members) > 1:
                 _Watch(members)

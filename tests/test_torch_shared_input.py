@@ -204,3 +204,19 @@ def test_fused_layers_on_the_gpu_eager_captured_and_as_prefill(dtype):
             graph.replay()
             want = ref(static)
             assert ((y - want).float().norm() / want.float().norm()) < 1e-2
+
+
+def test_a_deleted_fused_model_frees_its_weights_without_the_garbage_collector():
+    import gc
+    import weakref
+    fused, _ = _pair()
+    fused(torch.randn(1, 128)), fused(torch.randn(1, 128))
+    group = fused.attn.q_proj._shared
+    assert isinstance(group, _Fused)
+    weights = weakref.ref(group.linear.w)
+    gc.disable()
+    try:
+        del fused, group
+        assert weights() is None
+    finally:
+        gc.enable()
