@@ -9,6 +9,8 @@ implementation and a backward), so Dynamo traces no int4jit Python and CUDA grap
 the weights' size) launch the kernel once per 16; on Hopper a prompt of GEMM_MIN_TOKENS (33) to
 GEMM_MAX_TOKENS runs the int4 GEMM instead. Anything else (longer prefill, the CPU, a call no
 kernel serves on the target) dequantises and uses torch.matmul, with a warning naming why.
+quantize_model also fuses the layers a model calls on the same x (q/k/v, gate/up) into one
+Int4Linear each, for eager calls (fuse_shared_inputs): one launch and one call's host time for all.
 """
 from __future__ import annotations
 
