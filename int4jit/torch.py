@@ -449,7 +449,17 @@ class _Fused:
 
     def __call__(self, member: "Int4Linear", x: torch.Tensor) -> Optional[torch.Tensor]:
         i = self.index[id(member)]
-        if x is self.x and x._version == self.version:
+        if self.linear is None or member._buffers["w"] is not self.views[i]:  # moved, converted or assigned
+            ms = self.members
+            if None in ms or len({_fusable(m) for m in ms}) > 1:
+                self.split_up("they no longer have one device, scales dtype and format")
+                return None
+            if _capturing(x):  # making the weights again would only be recorded
+                self.split_up("its weights changed and a CUDA graph is being captured")
+                return None
+            self.release()
+            self.build(ms)
+        elif x is self.x and x._version == self.version:
             y = self.waiting[i]
             if y is not None:
                 self.waiting[i] = None
@@ -460,16 +470,8 @@ class _Fused:
         elif self.left:
             self.split_up("a layer was called with another input before the last one's output was taken")
             return None
-        if self.linear is None or any(m._buffers["w"] is not v for m, v in zip(self.members, self.views)):
-            ms = self.members
-            if len({_fusable(m) for m in ms}) > 1:
-                self.split_up("they no longer have one device, scales dtype and format")
-                return None
-            if _capturing(x):  # making the weights again would only be recorded
-                self.split_up("its weights changed and a CUDA graph is being captured")
-                return None
-            self.build(ms)
-        ys = [y.contiguous() for y in self.linear.forward(x).split(self.sizes, -1)]  # as nn.Linear gives them
+        ys = self.linear.forward(x).split_with_sizes(self.sizes, -1)
+        ys = [y if y.is_contiguous() else y.contiguous() for y in ys]  # as nn.Linear gives them
         y, ys[i] = ys[i], None
         self.x, self.version, self.waiting, self.left = x, x._version, ys, len(ys) - 1
         return y
