@@ -9,8 +9,9 @@ are served by each system, one after the other in one process:
   bf16            the same model in bf16
   int4jit         int4jit.torch.quantize_model(fp16 model), g=128 asymmetric (time reported)
   int4jit-bf16    quantize_model of the bf16 model
-  int4jit-dequant int4jit with every Int4Linear's chunked_tokens at 16 and gemm_max_tokens at 0:
-                  a call of more tokens dequantises (the path before chunked launches and the GEMM)
+  int4jit-dequant int4jit with every Int4Linear's chunked_tokens at 16 and gemm_max_tokens at 0,
+                  unfused: a call of more tokens dequantises (the path before chunked launches, the
+                  GEMM and fused layers)
   tinygemm        the bf16 model with every nn.Linear replaced by a module calling
                   torch.ops.aten._weight_int4pack_mm (torchao's int4 weight-only path; the CUDA
                   op takes bf16 activations -- whether it takes fp16 is probed and recorded)
@@ -150,7 +151,8 @@ def make_system(torch, name, base) -> tuple[object, dict]:
     t0 = time.perf_counter()
     if name.startswith("int4jit"):
         import int4jit.torch as i4t
-        i4t.quantize_model(m, group_size=GROUP)
+        # int4jit-dequant is the path before chunked launches, the GEMM and fused layers
+        i4t.quantize_model(m, group_size=GROUP, fuse=name != "int4jit-dequant")
         m = m.cuda()
         if name == "int4jit-dequant":  # every call past 16 tokens dequantises (no chunked launches, no GEMM)
             for mod in m.modules():

@@ -483,7 +483,8 @@ def fuse_shared_inputs(model: nn.Module) -> int:
     size, symmetry, scales dtype and device, and no act-order permutation; the model's first eager
     calls show which of them share x (see _Watch), and only those are fused. Under torch.compile,
     and for a copy of the model, each layer runs alone. Fused layers' weights are views of one
-    tensor (torch.save keeps them so; safetensors wants each cloned). Returns how many groups of
+    tensor (torch.save keeps them so; safetensors wants each cloned); a group runs as one
+    Int4Linear with its own chunked_tokens and gemm_max_tokens. Returns how many groups of
     candidates are watched."""
     watched = 0
     for module in model.modules():
