@@ -9,6 +9,8 @@ torch entry points against torch's own, at one shape (default 4096x4096, g=128):
   torch tinygemm (_weight_int4pack_mm, bf16), same x / a new x every call, and in an nn.Module
                                                      (as a model calls it; Int4Linear is one)
   F.linear fp16 (GPU-bound at this size: the weights are 4x the bytes)
+  q, k, v of a Llama block on one new x (N x K, N/4 x K, N/4 x K): 3 Int4Linear calls, the
+  same fused by quantize_model (one launch), 3 F.linear calls
 
     python3 bench/eager.py [--shape 4096x4096] [--group 128] [--calls 400] [--rounds 15] [--no-write]
 
@@ -105,6 +107,28 @@ def main():
         print("tinygemm unavailable:", e)
     W16 = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
     measure("F.linear fp16, same x", lambda: torch.nn.functional.linear(x2, W16))
+
+    # q, k and v as a Llama block calls them (N x K, then N/4 x K twice) on one new x: three
+    # Int4Linear calls alone, fused by quantize_model (fuse_shared_inputs: one launch), F.linear
+    def attention(fuse):
+        block = torch.nn.Module()
+        for name, rows_ in (("q", N), ("k", N // 4), ("v", N // 4)):
+            setattr(block, name, i4t.Int4Linear(w[:rows_].clone(), s[:rows_].clone(), z[:rows_].clone()))
+        if fuse:
+            i4t.fuse_shared_inputs(block)
+            for _ in range(2):  # its first calls show that q, k and v share x
+                block.q(x2), block.k(x2), block.v(x2)
+        return block
+
+    def three(b):
+        xn = torch.empty_like(x2)
+        return b.q(xn), b.k(xn), b.v(xn)
+    alone, fused = attention(False), attention(True)
+    measure("q, k, v: 3 Int4Linear calls on a new x", lambda: three(alone))
+    measure("q, k, v: fused (quantize_model), new x", lambda: three(fused))
+    dense_qkv = [W16, W16[:N // 4], W16[N // 4:N // 2]]
+    measure("q, k, v: 3 F.linear fp16, new x",
+            lambda: [torch.nn.functional.linear(xn, W) for xn in [torch.empty_like(x2)] for W in dense_qkv])
     times = {name: [] for name in fns}
     for _ in range(args.rounds):
         for name, fn in fns.items():
