@@ -160,7 +160,7 @@ class Int4Linear(nn.Module):
         # GPU prefill of that shape took (the int4 GEMM, or dequantise + cuBLAS), for the next one
         self._prompts: dict = {}
         self._dense: Optional[torch.Tensor] = None  # the CPU's dequantised weight, and what it was made of
-        self._dense_of: tuple = ()
+        self._dense_of: tuple = (None, (), ())
         self._warned = False
         self._no_kernel: set = set()  # (dtype, tokens) no kernel serves on this layer's target
         self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
@@ -193,7 +193,7 @@ class Int4Linear(nn.Module):
     def __getstate__(self):  # copy/pickle: the prepared launch is per process, made again on use; a copy
         # runs unfused (its weights stay views of one tensor where they were fused)
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        return {**state, "_layer": None, "_prompts": {}, "_shared": None}
+        return {**state, "_layer": None, "_prompts": {}, "_shared": None, "_dense": None, "_dense_of": (None, (), ())}
 
     def __setstate__(self, state):  # a module pickled before chunked_tokens (or the GEMM) existed gets it
         super().__setstate__(state)
@@ -202,6 +202,7 @@ class Int4Linear(nn.Module):
         self.__dict__.setdefault("gemm_max_tokens", GEMM_MAX_TOKENS)
         self.__dict__.setdefault("_prompts", {})
         self.__dict__.setdefault("_shared", None)
+        self.__dict__.setdefault("_dense_of", (None, (), ()))
 
     @classmethod
     def from_weights(cls, weights) -> "Int4Linear":
@@ -321,6 +322,20 @@ class Int4Linear(nn.Module):
                     self.in_features, e)
         return self._fallback(x)
 
+    def _cpu_dense(self, dtype) -> torch.Tensor:
+        """The dequantised weight in `dtype`, kept per module (up to CPU_DENSE_CACHE_BYTES) until the
+        weights are replaced or written in place (load_state_dict copies into them)."""
+        weights = (self.w, self.scales, self.zeros)
+        versions = tuple(-1 if t is None else t._version for t in weights)
+        kept = self._dense_of
+        if self._dense is not None and kept[0] is dtype and all(a is b for a, b in zip(kept[1], weights)) \
+                and kept[2] == versions:
+            return self._dense
+        W = _unpack_dequantize(*weights, dtype)
+        if W.numel() * W.element_size() <= CPU_DENSE_CACHE_BYTES:
+            self._dense, self._dense_of = W, (dtype, weights, versions)
+        return W
+
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.numel() // self.in_features
         if not self._warned and not torch.compiler.is_compiling():
@@ -329,15 +344,8 @@ class Int4Linear(nn.Module):
             (trace if x.is_cuda and tokens > 1 else log.warning)(
                 "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
                 self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
-        if not x.is_cuda:  # the dense weight kept until the weights change (load_state_dict writes them in place)
-            weights = (self.w, self.scales, self.zeros)
-            made_of = (x.dtype, *weights, tuple(t._version for t in weights if t is not None))
-            W = self._dense
-            if W is None or any(a is not b for a, b in zip(self._dense_of[:4], made_of)) \
-                    or self._dense_of[4] != made_of[4]:
-                W = _unpack_dequantize(self.w, self.scales, self.zeros, x.dtype)
-                if W.numel() * W.element_size() <= CPU_DENSE_CACHE_BYTES:
-                    self._dense, self._dense_of = W, made_of
+        if not x.is_cuda:
+            W = self._cpu_dense(x.dtype)
         elif x.dtype in (torch.float16, torch.bfloat16):  # one dequantising launch into a fresh workspace, then cuBLAS
             layer, shape, dtype, device = self._prepared(), (self.out_features, self.in_features), x.dtype, x.device
 

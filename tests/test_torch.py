@@ -106,6 +106,16 @@ def test_cpu_fallback_warns_once_and_keeps_the_dense_weight(caplog):
     assert y2.shape == (1, 64)
 
 
+def test_the_cpus_dense_weight_follows_weights_loaded_in_place():
+    torch.manual_seed(0)
+    q = Int4Linear.from_linear(torch.nn.Linear(128, 32), group_size=32)
+    other = Int4Linear.from_linear(torch.nn.Linear(128, 32), group_size=32)
+    x = torch.randn(2, 128)
+    torch.testing.assert_close(q(x), q(x))  # the dense weight is kept now
+    q.load_state_dict(other.state_dict())  # copied into q's own tensors
+    torch.testing.assert_close(q(x), other(x))
+
+
 @pytest.mark.parametrize("N,K,tokens", [(1024, 4096, 32), (4096, 4096, 32), (8192, 4096, 48), (14336, 4096, 48),
                                          (4096, 14336, 48), (16384, 8192, 64), (128256, 4096, 64)])
 def test_chunked_tokens_follow_the_weights_size(N, K, tokens):
