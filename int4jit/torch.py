@@ -345,6 +345,8 @@ class Int4Linear(nn.Module):
                 "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
                 self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
         if not x.is_cuda:
+            if torch.compiler.is_compiling():  # one node (its CPU kernel dequantises every call)
+                return self._plus_bias(torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros))
             W = self._cpu_dense(x.dtype)
         elif x.dtype in (torch.float16, torch.bfloat16):  # one dequantising launch into a fresh workspace, then cuBLAS
             layer, shape, dtype, device = self._prepared(), (self.out_features, self.in_features), x.dtype, x.device

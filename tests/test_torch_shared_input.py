@@ -220,3 +220,14 @@ def test_a_deleted_fused_model_frees_its_weights_without_the_garbage_collector()
         assert weights() is None
     finally:
         gc.enable()
+
+
+def test_a_fused_model_compiles_in_one_graph_with_each_layer_alone():
+    fused, ref = _pair()
+    fused(torch.randn(1, 128)), fused(torch.randn(1, 128))
+    assert isinstance(fused.attn.q_proj._shared, _Fused)
+    compiled = torch.compile(fused, fullgraph=True, backend="eager")  # a graph break would raise
+    x = torch.randn(2, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert fused.attn.q_proj._shared.x is None  # the group was not used while compiled
