@@ -75,6 +75,11 @@ def _unpack_dequantize(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[to
     return deq.reshape(w.shape[0], -1).to(dtype)
 
 
+def _version(t: torch.Tensor) -> int:
+    """t's in-place write count; -1 for an inference-mode tensor (which keeps none)."""
+    return -1 if t.is_inference() else t._version
+
+
 # -- the custom op ----------------------------------------------------------------------
 def _layer_for(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor]) -> GemvWeights:
     """The prepared layer of these weight tensors, made once and kept on w itself, so that it
@@ -326,7 +331,7 @@ class Int4Linear(nn.Module):
         """The dequantised weight in `dtype`, kept per module (up to CPU_DENSE_CACHE_BYTES) until the
         weights are replaced or written in place (load_state_dict copies into them)."""
         weights = (self.w, self.scales, self.zeros)
-        versions = tuple(-1 if t is None else t._version for t in weights)
+        versions = tuple(-2 if t is None else _version(t) for t in weights)
         kept = self._dense_of
         if self._dense is not None and kept[0] is dtype and all(a is b for a, b in zip(kept[1], weights)) \
                 and kept[2] == versions:
@@ -389,7 +394,7 @@ class _Watch:
 
     def __call__(self, member: "Int4Linear", x: torch.Tensor) -> Optional[torch.Tensor]:
         me = weakref.ref(member)
-        if x is not self.x or x._version != self.version or me in self.run:
+        if x is not self.x or _version(x) != self.version or me in self.run:
             run, self.run, self.x = [r() for r in self.run], [], None  # the run so far has ended
             if not _capturing(x):  # (fusing copies the weights: a capture would only record that)
                 if len(run) == 1 and run[0] is not None:
@@ -398,7 +403,7 @@ class _Watch:
                     _Fused(run)
             if member._shared is not self:  # fused with the run just ended, or let go
                 return None if member._shared is None else member._shared(member, x)
-            self.x, self.version = x, x._version
+            self.x, self.version = x, _version(x)
         self.run.append(me)
         return None  # the member computes its own output
 
@@ -469,7 +474,7 @@ class _Fused:
                 return None
             self.release()
             self.build(ms)
-        elif x is self.x and x._version == self.version:
+        elif x is self.x and _version(x) == self.version:
             y = self.waiting[i]
             if y is not None:
                 self.waiting[i] = None
@@ -483,7 +488,7 @@ class _Fused:
         ys = self.linear.forward(x).split_with_sizes(self.sizes, -1)
         ys = [y if y.is_contiguous() else y.contiguous() for y in ys]  # as nn.Linear gives them
         y, ys[i] = ys[i], None
-        self.x, self.version, self.waiting, self.left = x, x._version, ys, len(ys) - 1
+        self.x, self.version, self.waiting, self.left = x, _version(x), ys, len(ys) - 1
         return y
 
 
@@ -494,8 +499,9 @@ def fuse_shared_inputs(model: nn.Module) -> int:
     calls show which of them share x (see _Watch), and only those are fused. Under torch.compile,
     and for a copy of the model, each layer runs alone. Fused layers' weights are views of one
     tensor (torch.save keeps them so; safetensors wants each cloned); a group runs as one
-    Int4Linear with its own chunked_tokens and gemm_max_tokens. Returns how many groups of
-    candidates are watched."""
+    Int4Linear with its own chunked_tokens and gemm_max_tokens. Under torch.inference_mode an
+    in-place write to x between the members' calls goes unseen (inference tensors keep no version
+    counter). Returns how many groups of candidates are watched."""
     watched = 0
     for module in model.modules():
         groups: dict = {}

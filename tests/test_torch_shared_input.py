@@ -231,3 +231,23 @@ def test_a_fused_model_compiles_in_one_graph_with_each_layer_alone():
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)
     assert fused.attn.q_proj._shared.x is None  # the group was not used while compiled
+
+
+def test_fused_layers_run_under_inference_mode():
+    """Inference tensors keep no version counter: the group goes by the x object alone there."""
+    fused, ref = _pair()
+    with torch.inference_mode():
+        for tokens in (1, 3, 1):
+            x = torch.randn(tokens, 128)
+            torch.testing.assert_close(fused(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert isinstance(fused.attn.q_proj._shared, _Fused)
+
+
+def test_gradients_reach_x_through_a_fused_group():
+    fused, ref = _pair()
+    fused(torch.randn(1, 128)), fused(torch.randn(1, 128))
+    x = torch.randn(2, 128, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    fused(x).square().sum().backward()
+    ref(x_ref).square().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
