@@ -285,6 +285,11 @@ def run_system(torch, name, base, cfg_kw, args, ref_logits, prompt) -> dict:
             res[key + "_error"] = f"{type(e).__name__}: {e}"[:400]
             print(f"  {name}: {key} failed: {res[key + '_error']}", flush=True)
             traceback.print_exc(limit=4)
+    if name.startswith("int4jit"):  # the groups quantize_model fused in the eager calls above
+        import int4jit.torch as i4t
+        res["fused_groups"] = len({id(m._shared) for m in model.modules()
+                                   if isinstance(m, i4t.Int4Linear) and isinstance(m._shared, i4t._Fused)})
+        print(f"  {name}: {res['fused_groups']} fused groups of layers", flush=True)
     if not args.no_compile:
         try:
             res["decode_compiled_tok_s"], res["compile_s"] = decode_compiled(torch, model, vocab, args.tokens, args.runs)
