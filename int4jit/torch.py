@@ -381,6 +381,20 @@ def _fusable(m: "Int4Linear") -> tuple:
     return m.in_features, m.group_size, m.zeros is None, m.scales.dtype, m.w.device, m.perm is None
 
 
+def _views_aligned(members) -> bool:
+    """Whether each member's rows of the concatenated w, scales and zeros would start on a 16-byte
+    boundary, as the kernels read them (validate): a member may run alone on its views (under
+    torch.compile, in a copy, after a split-up)."""
+    row_bytes = [t[0].numel() * t.element_size() for t in (members[0].w, members[0].scales, members[0].zeros)
+                 if t is not None]
+    start = 0
+    for m in members:
+        if any(start * b % 16 for b in row_bytes):
+            return False
+        start += m.out_features
+    return True
+
+
 class _Watch:
     """Sibling Int4Linears that may be called on one x (as q/k/v and gate/up are): their eager
     calls are watched until each member has been in a run of calls (members called one after
@@ -400,7 +414,13 @@ class _Watch:
                 if len(run) == 1 and run[0] is not None:
                     run[0]._shared = None
                 elif len(run) > 1 and None not in run:
-                    _Fused(run)
+                    if _views_aligned(run):
+                        _Fused(run)
+                    else:
+                        trace("not fusing layers %s: a member's rows would start off a 16-byte boundary",
+                              " + ".join(f"{m.out_features}x{m.in_features}" for m in run))
+                        for m in run:
+                            m._shared = None
             if member._shared is not self:  # fused with the run just ended, or let go
                 return None if member._shared is None else member._shared(member, x)
             self.x, self.version = x, _version(x)

@@ -251,3 +251,23 @@ def test_gradients_reach_x_through_a_fused_group():
     fused(x).square().sum().backward()
     ref(x_ref).square().sum().backward()
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_layers_whose_rows_would_start_off_alignment_are_not_fused():
+    """K/g = 4 zero points a row: a member starting at row 2 would start 8 bytes into a 16-byte
+    line, which the kernels cannot read when it runs alone on its views."""
+    torch.manual_seed(0)
+    parent = nn.Module()
+    parent.a, parent.b = (Int4Linear.from_linear(nn.Linear(128, n), group_size=32) for n in (2, 32))
+    fuse_shared_inputs(parent)
+    for _ in range(2):
+        x = torch.randn(1, 128)
+        ya, yb = parent.a(x), parent.b(x)
+    assert parent.a._shared is None and parent.b._shared is None
+    parent.c, parent.d = (Int4Linear.from_linear(nn.Linear(128, n), group_size=32) for n in (4, 32))
+    fuse_shared_inputs(parent)
+    for _ in range(2):
+        x = torch.randn(1, 128)
+        parent.c(x), parent.d(x)
+    assert isinstance(parent.c._shared, _Fused)  # 4 rows of 4 zero points: 16 bytes
+    assert parent.d.zeros.data_ptr() % 16 == 0 and parent.d.scales.data_ptr() % 16 == 0
