@@ -456,8 +456,9 @@ class _Fused:
     def build(self, ms) -> None:
         """Concatenate the members' weights into one Int4Linear; the members' tensors become views of it."""
         cat = lambda name: None if ms[0]._buffers[name] is None else torch.cat([m._buffers[name] for m in ms])
-        bias = None if all(m.bias is None for m in ms) else torch.cat([
-            m.bias.detach() if m.bias is not None else m.scales.new_zeros(m.out_features) for m in ms])
+        given = [m.bias for m in ms if m.bias is not None]  # zeros for members without one, in the biases' dtype
+        bias = torch.cat([m.bias.detach().to(given[0].dtype) if m.bias is not None
+                          else given[0].new_zeros(m.out_features) for m in ms]) if given else None
         self.linear = Int4Linear(cat("w"), cat("scales"), cat("zeros"), bias)
         start = 0
         for m, n in zip(ms, self.sizes):

@@ -271,3 +271,14 @@ def test_layers_whose_rows_would_start_off_alignment_are_not_fused():
         parent.c(x), parent.d(x)
     assert isinstance(parent.c._shared, _Fused)  # 4 rows of 4 zero points: 16 bytes
     assert parent.d.zeros.data_ptr() % 16 == 0 and parent.d.scales.data_ptr() % 16 == 0
+
+
+def test_a_bf16_group_with_and_without_biases_keeps_their_dtype():
+    fused, ref = _pair()  # q and v have biases, k has none
+    fused.to(torch.bfloat16), ref.to(torch.bfloat16)
+    for _ in range(2):
+        x = torch.randn(2, 128, dtype=torch.bfloat16)
+        torch.testing.assert_close(fused(x), ref(x), rtol=2e-2, atol=2e-2)
+    a = fused.attn
+    assert isinstance(a.q_proj._shared, _Fused) and a.k_proj.bias is None
+    assert a.q_proj.bias.dtype == a.v_proj.bias.dtype == a.q_proj._shared.linear.bias.dtype == torch.bfloat16
