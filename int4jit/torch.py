@@ -51,6 +51,7 @@ GEMM_MIN_TOKENS = 2 * MAX_TOKENS + 1
 GEMM_MAX_TOKENS = 512
 # The prompt shapes a module keeps its prefill path for (forward's fast path); a server sees many.
 PROMPT_SHAPES = 64
+_NO_DENSE = (None, (), ())  # Int4Linear._dense_of where no CPU dense weight is kept: (dtype, weights, versions)
 
 
 def chunked_tokens(out_features: int, in_features: int) -> int:
@@ -165,7 +166,7 @@ class Int4Linear(nn.Module):
         # GPU prefill of that shape took (the int4 GEMM, or dequantise + cuBLAS), for the next one
         self._prompts: dict = {}
         self._dense: Optional[torch.Tensor] = None  # the CPU's dequantised weight, and what it was made of
-        self._dense_of: tuple = (None, (), ())
+        self._dense_of: tuple = _NO_DENSE
         self._warned = False
         self._no_kernel: set = set()  # (dtype, tokens) no kernel serves on this layer's target
         self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
@@ -198,7 +199,7 @@ class Int4Linear(nn.Module):
     def __getstate__(self):  # copy/pickle: the prepared launch is per process, made again on use; a copy
         # runs unfused (its weights stay views of one tensor where they were fused)
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        return {**state, "_layer": None, "_prompts": {}, "_shared": None, "_dense": None, "_dense_of": (None, (), ())}
+        return {**state, "_layer": None, "_prompts": {}, "_shared": None, "_dense": None, "_dense_of": _NO_DENSE}
 
     def __setstate__(self, state):  # a module pickled before chunked_tokens (or the GEMM) existed gets it
         super().__setstate__(state)
@@ -207,7 +208,7 @@ class Int4Linear(nn.Module):
         self.__dict__.setdefault("gemm_max_tokens", GEMM_MAX_TOKENS)
         self.__dict__.setdefault("_prompts", {})
         self.__dict__.setdefault("_shared", None)
-        self.__dict__.setdefault("_dense_of", (None, (), ()))
+        self.__dict__.setdefault("_dense_of", _NO_DENSE)
 
     @classmethod
     def from_weights(cls, weights) -> "Int4Linear":
@@ -381,6 +382,10 @@ def _fusable(m: "Int4Linear") -> tuple:
     return m.in_features, m.group_size, m.zeros is None, m.scales.dtype, m.w.device, m.perm is None
 
 
+def _names(members) -> str:
+    return " + ".join(f"{m.out_features}x{m.in_features}" for m in members)
+
+
 def _views_aligned(members) -> bool:
     """Whether each member's rows of the concatenated w, scales and zeros would start on a 16-byte
     boundary, as the kernels read them (validate): a member may run alone on its views (under
@@ -417,8 +422,7 @@ class _Watch:
                     if _views_aligned(run):
                         _Fused(run)
                     else:
-                        trace("not fusing layers %s: a member's rows would start off a 16-byte boundary",
-                              " + ".join(f"{m.out_features}x{m.in_features}" for m in run))
+                        trace("not fusing layers %s: a member's rows would start off a 16-byte boundary", _names(run))
                         for m in run:
                             m._shared = None
             if member._shared is not self:  # fused with the run just ended, or let go
@@ -440,14 +444,12 @@ class _Fused:
         self.refs = tuple(weakref.ref(m) for m in members)
         self.index = {id(m): i for i, m in enumerate(members)}
         self.sizes = [m.out_features for m in members]
-        self.linear: Optional[Int4Linear] = None
         self.views: tuple = ()  # the members' w as made by build: another one means they changed
-        self.x, self.version, self.waiting, self.left = None, 0, [None] * len(members), 0
+        self.release()
         for m in members:
             m._shared = self
         self.build(members)
-        trace("fused %d layers that share their input: out_features %s, in_features %d", len(members),
-              "+".join(map(str, self.sizes)), members[0].in_features)
+        trace("fused layers that share their input: %s", _names(members))
 
     @property
     def members(self) -> tuple:
@@ -467,19 +469,19 @@ class _Fused:
                     m._buffers[name] = self.linear._buffers[name][start:start + n]
             if m.bias is not None:
                 m.bias = nn.Parameter(self.linear.bias[start:start + n], requires_grad=False)
-            m._layer, m._dense = None, None  # what they held of their own weights
+            m._layer, m._dense, m._dense_of = None, None, _NO_DENSE  # what held their own weights
             m._prompts.clear()
             start += n
         self.views = tuple(m._buffers["w"] for m in ms)
 
     def release(self) -> None:
         """A member was moved or converted: the concatenated weights are made again at the next call."""
-        self.linear, self.x, self.waiting, self.left = None, None, [None] * len(self.refs), 0
+        self.linear: Optional[Int4Linear] = None
+        self.x, self.version, self.waiting, self.left = None, 0, [None] * len(self.refs), 0
 
     def split_up(self, why: str) -> None:
         ms = [m for m in self.members if m is not None]
-        log.warning("int4jit: layers %s no longer run as one (%s); each runs alone from now on",
-                    " + ".join(f"{m.out_features}x{m.in_features}" for m in ms), why)
+        log.warning("int4jit: layers %s no longer run as one (%s); each runs alone from now on", _names(ms), why)
         for m in ms:
             m._shared = None
 

@@ -282,3 +282,14 @@ def test_a_bf16_group_with_and_without_biases_keeps_their_dtype():
     a = fused.attn
     assert isinstance(a.q_proj._shared, _Fused) and a.k_proj.bias is None
     assert a.q_proj.bias.dtype == a.v_proj.bias.dtype == a.q_proj._shared.linear.bias.dtype == torch.bfloat16
+
+
+def test_fused_members_let_go_of_their_own_weights():
+    """Members computed alone while watched (the CPU keeps their dense weight and what it was made
+    of); once fused, nothing holds their own tensors: the weights are held once."""
+    import weakref
+    fused, _ = _pair()
+    own = weakref.ref(fused.attn.k_proj.w)
+    fused(torch.randn(1, 128)), fused(torch.randn(1, 128))
+    assert isinstance(fused.attn.k_proj._shared, _Fused)
+    assert own() is None
