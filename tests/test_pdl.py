@@ -53,6 +53,42 @@ def instructions(text: str) -> list[str]:
     return out
 
 
+def before_wait(text: str) -> list[str]:
+    """The instructions some path from the kernel's entry runs before a griddepcontrol.wait, as
+    instructions() gives them: a walk over the PTX's basic blocks, since the compiler may lay a
+    loop's last block (a store after the wait) out before the wait."""
+    blocks, cur = {"": []}, ""
+    for line in text[text.index(".entry"):].splitlines():
+        s = line.strip()
+        label = re.fullmatch(r"([\w$]+):", s)
+        if label:
+            cur = label.group(1)
+            blocks[cur] = []
+        elif s and not s.startswith(("//", ".", "{", "}", ")", "(")):
+            blocks[cur].append(s)
+    order = list(blocks)
+    seen, todo, out = set(), [""], []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for s in blocks[name]:
+            op = re.sub(r"^@!?%\w+\s+", "", s)
+            if op.startswith("griddepcontrol.wait"):
+                break
+            out.append(op)
+            mnemonic = op.split()[0]
+            if mnemonic in ("bra", "bra.uni"):
+                todo.append(op.split()[1].rstrip(";"))
+            if s == op and mnemonic in ("bra", "bra.uni", "ret;", "ret", "exit;", "exit"):
+                break  # unconditional: no fall-through
+        else:
+            if order.index(name) + 1 < len(order):
+                todo.append(order[order.index(name) + 1])
+    return out
+
+
 _SAFE_SPACES = ("param", "local", "shared", "const")
 _TOUCHES_MEMORY = {"ldu", "atom", "red", "cp", "tex", "tld4", "suld", "sust", "sured", "call", "multimem",
                    "discard", "applypriority", "mbarrier", "cp.async", "bulk"}
@@ -73,7 +109,7 @@ def check_waits_before_memory(spec):
     ins = instructions(code)
     waits = [i for i, s in enumerate(ins) if s.startswith("griddepcontrol.wait")]
     assert waits, f"{spec.name}: no griddepcontrol.wait"
-    before = ins[:waits[0]]
+    before = before_wait(code)
     bad = [s for s in before if reaches_global_memory(s)]
     assert not bad, f"{spec.name} ({spec.label()}): before griddepcontrol.wait: {bad[:5]}"
     assert not [s for s in before if re.search(r"\bld\.global|cp\.async", s)]
@@ -109,20 +145,56 @@ SPECS = [
 DEQUANT = [(GemvShape(4096, 4096, 128, False), "float16"), (GemvShape(4097, 4160, 32, True), "bfloat16")]
 
 
-# Kernels launched without PDL (stream-ordered: they start once the previous grid is done), so
-# they need no wait; the prefill GEMM and its x layout kernel.
-NOT_PDL = ("gemm", "xperm")
+# The prefill GEMM and its x layout kernel: tested below as a pair.
+PREFILL = ("gemm", "xperm")
 
 
 def test_every_shipped_template_is_covered():
-    assert {k for k, *_ in SPECS} | {"dequant", *NOT_PDL} == set(TEMPLATE_OF)
+    assert {k for k, *_ in SPECS} | {"dequant", *PREFILL} == set(TEMPLATE_OF)
 
 
-def test_the_prefill_gemm_is_launched_without_pdl():
+def gemm_reads_before_wait(spec) -> set:
+    """What the GEMM reads or writes in global memory, other than its weights (16-byte no_allocate
+    loads), scales and zero points (narrower), on some path before griddepcontrol.wait."""
+    before = [s.split()[0] for s in before_wait(ptx(spec)) if reaches_global_memory(s)]
+    assert any(op.startswith("ld.global.nc.L1::no_allocate") and op.endswith(".v4.u32") for op in before), \
+        "no weight load before the wait"
+    return {op for op in before if not re.fullmatch(r"ld\.global\.nc(\.L1::no_allocate\.v4\.u32|\.u8|\.u16)", op)
+            and not op.startswith("mbarrier.init.shared")}
+
+
+@pytest.mark.parametrize("dtype,symmetric", [("float16", False), ("bfloat16", True)])
+def test_the_prefill_gemm_loads_only_weights_before_waiting_for_the_x_layout(dtype, symmetric):
+    """The x layout kernel runs stream-ordered and lets the GEMM launch at its start; the GEMM
+    (PDL) reads only its fixed weights, scales and zero points before griddepcontrol.wait: x' and
+    the flags (the layout kernel's writes), the partial sums and every store come after it."""
     from int4jit.spec import make_gemm_spec, make_xperm_spec
-    shape = GemvShape(14336, 4096, 128, False)
-    specs = [make_gemm_spec(shape, "sm_90", 132), make_xperm_spec(shape, "sm_90", 132)]
-    assert sorted(s.kernel for s in specs) == sorted(NOT_PDL) and not any(s.pdl for s in specs)
+    shape = GemvShape(14336, 4096, 128, symmetric, dtype=dtype)
+    gemm, xperm = make_gemm_spec(shape, "sm_90", 132), make_xperm_spec(shape, "sm_90", 132)
+    assert gemm.pdl and not xperm.pdl
+    assert not make_gemm_spec(shape, "sm_90", 132, pdl=False).pdl
+    lay = instructions(ptx(xperm))
+    first_memory = next(i for i, s in enumerate(lay) if reaches_global_memory(s))
+    launches = [i for i, s in enumerate(lay) if s.startswith("griddepcontrol.launch_dependents")]
+    assert launches == [launches[0]] and launches[0] < first_memory
+    ins = instructions(ptx(gemm))
+    waits = [i for i, s in enumerate(ins) if s.startswith("griddepcontrol.wait")]
+    assert len(waits) == 1, f"griddepcontrol.wait {len(waits)} times"
+    assert not gemm_reads_before_wait(gemm)
+    assert any(s.startswith("cp.async.bulk") for s in ins) and any(s.startswith("st.global") for s in ins)
+
+
+def test_the_check_catches_a_bulk_copy_of_x_before_the_gemm_waits(monkeypatch):
+    from int4jit.spec import make_gemm_spec
+    real = compiler.render
+
+    def early_copy(s):
+        name, src = real(s)
+        assert src.count("I4_GRID_WAIT();") == 1
+        return name, src.replace("I4_GRID_WAIT();", "if (tid == 0) fill(sb); I4_GRID_WAIT();")
+    monkeypatch.setattr(compiler, "render", early_copy)
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in \
+        gemm_reads_before_wait(make_gemm_spec(GemvShape(4096, 4096, 128, False), "sm_90", 132))
 
 
 @pytest.mark.parametrize("shape,out", DEQUANT, ids=[f"{s.key()}-{o}" for s, o in DEQUANT])
