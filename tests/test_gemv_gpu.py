@@ -544,6 +544,55 @@ def test_gemm_against_reference(N, K, group, symmetric, T, dtype, scale_dtype):
     assert t.equal(layer.matmul(xs, again), out)
 
 
+def test_gemm_chain_reads_each_output_after_it_is_written():
+    """Three prefill GEMMs in a row, each laying out the one before's output as its x: the GEMM
+    launches with PDL after its x layout kernel, and the next layout kernel (launched plainly)
+    must see the whole output. Eagerly and replayed from a CUDA graph with new inputs, outputs
+    poisoned before each run; every stage against the float64 reference of its own input (weights
+    scaled so each output is of unit size)."""
+    if not _hopper():
+        pytest.skip("the int4 GEMM is Hopper's (sm_90)")
+    t = _torch()
+    rng = np.random.default_rng()
+    N = K = 2048
+    T = 200
+    raw, layers = [], []
+    for _ in range(3):
+        w = t.from_numpy(rng.integers(0, 256, size=(N, K // 2), dtype=np.uint8)).cuda()
+        s = t.from_numpy((rng.random((N, K // 128)) + 0.5) / (6.5 * K ** 0.5)).half().cuda()
+        z = t.from_numpy(rng.integers(0, 16, size=(N, K // 128), dtype=np.uint8)).cuda()
+        raw.append((w, s, z))
+        layers.append(int4jit.GemvWeights(w, s, z))
+
+    def chain(x):
+        outs = []
+        for layer in layers:
+            x = layer.matmul(x, t.full((T, N), float("nan"), dtype=t.float16, device="cuda"))
+            outs.append(x)
+        return outs
+
+    def check(x, outs):
+        for (w, s, z), inp, out in zip(raw, [x] + outs[:-1], outs):
+            ref = reference(inp.float(), w, s.float(), z)
+            assert 0.3 < ref.std() < 3
+            assert rel_error(out.float().cpu().numpy(), ref) <= TOL
+
+    x = t.randn(T, K, dtype=t.float16, device="cuda")
+    outs = chain(x)
+    t.cuda.synchronize()
+    check(x, outs)
+    graph = t.cuda.CUDAGraph()
+    with t.cuda.graph(graph):
+        outs = chain(x)
+    for _ in range(2):
+        x.copy_(t.randn_like(x))
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        t.cuda.synchronize()
+        check(x, outs)
+
+
 def test_gemm_refuses_what_it_cannot_serve():
     """N not a multiple of 128, or groups of 16: NotImplementedError naming the limits (Int4Linear
     then dequantises)."""
