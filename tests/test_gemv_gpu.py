@@ -545,9 +545,9 @@ def test_gemm_against_reference(N, K, group, symmetric, T, dtype, scale_dtype):
 
 
 def test_gemm_chain_reads_each_output_after_it_is_written():
-    """Three prefill GEMMs in a row, each laying out the one before's output as its x: the GEMM
-    launches with PDL after its x layout kernel, and the next layout kernel (launched plainly)
-    must see the whole output. Eagerly and replayed from a CUDA graph with new inputs, outputs
+    """Three prefill GEMMs in a row, each laying out the one before's output as its x: the next
+    layout kernel must see the whole output (stream order; what an overlapping launch such as
+    PDL must keep). Eagerly and replayed from a CUDA graph with new inputs, outputs
     poisoned before each run; every stage against the float64 reference of its own input (weights
     scaled so each output is of unit size)."""
     if not _hopper():
