@@ -14,6 +14,8 @@ enough copies of the layer to defeat L2; median of 5):
                where the GEMM does not serve)
   int4 GEMM    GemvWeights.matmul: x laid out for the GEMM, then the GEMM reading the int4
                weights (Hopper; Int4Linear's path from GEMM_MIN_TOKENS to GEMM_MAX_TOKENS)
+  x layout, GEMM kernel   the two kernels of a GEMM call apart: GPU time of each launch (the
+               profiler's kernel records, median of 3 passes over the copies), no gap between
   chunks of c  GemvWeights.launch_chunks: the kernel once per c tokens into one y (Int4Linear's
                path for 17..chunked_tokens tokens, c = 16); up to 128 tokens
   dequant      the dequantising launch alone (GemvWeights.dense into a kept workspace); its
@@ -50,6 +52,23 @@ CHUNKS_UP_TO = 128  # token counts the chunked rows are measured at
 def median_time(fn, calls: int) -> float:
     """µs per call: the median of 5 event-timed passes of `calls` calls (ev_time warms up each)."""
     return sorted(ev_time(fn, 1) for _ in range(5))[2] / calls
+
+
+def kernel_times(torch, fn, passes: int = 3) -> dict:
+    """µs a launch of each int4jit kernel that fn() launches, by kind (xperm, gemm, ...): the
+    profiler's CUDA kernel records (each kernel's own GPU time), the median over `passes` calls."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            fn()
+        torch.cuda.synchronize()
+    times: dict = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and e.name.startswith("int4jit_"):
+            times.setdefault(e.name.split("_")[1], []).append(e.time_range.elapsed_us())
+    return {kind: sorted(v)[len(v) // 2] for kind, v in times.items()}
 
 
 def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
@@ -94,11 +113,14 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
         y = torch.empty(T, N, dtype=dtype, device=dev)
         row["gemm_rel_diff"] = rel(gw[0].matmul(x, y))
         row["gemm_us"] = median_time(lambda: [g.matmul(x, y) for g in gw], copies)
+        parts = kernel_times(torch, lambda: [g.matmul(x, y) for g in gw])
+        row["gemm_xperm_us"], row["gemm_kernel_us"] = parts.get("xperm"), parts.get("gemm")
     row["dequant_us"] = t_deq
     row["dequant_pct_copy"] = 100 * (per_copy + N * K * 2) / (t_deq * 1e-6) / copy_Bps
     row["ok"] = row["int4jit_rel_diff"] <= 1e-2 and row.get("gemm_rel_diff", 0) <= 1e-2
     chunks = "".join(f"  chunks of {c} {row[f'chunks{c}_us']:7.1f}" for c in (8, 16) if f"chunks{c}_us" in row)
-    gemm = f"  gemm {row['gemm_us']:7.1f}" if "gemm_us" in row else ""
+    gemm = (f"  gemm {row['gemm_us']:7.1f} (x layout {row['gemm_xperm_us'] or 0:.1f} + kernel "
+            f"{row['gemm_kernel_us'] or 0:.1f})" if "gemm_us" in row else "")
     print(f"{name:9s} {N}x{K} T={T} {row['dtype']:8s} dense {t_dense:8.1f} us  int4jit {row['int4jit_us']:8.1f} "
           f"({row['int4jit_us'] / t_dense:.2f}x, {row['path']})  dequant {t_deq:7.1f} us "
           f"({row['dequant_pct_copy']:.0f}% copy)  dequant+mm {row['dequant_mm_us']:7.1f}{gemm}{chunks}"
@@ -111,13 +133,13 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
 
 def table(doc) -> str:
     lines = ["| projection | N×K | tokens | dtype | dense µs | Int4Linear µs | × dense | path | dequant + mm µs "
-             "| int4 GEMM µs | chunks of 8 µs | chunks of 16 µs | dequant µs | dequant % copy | rel diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    opt = lambda r, k: f"{r[k]:.1f}" if k in r else "n/a"
+             "| int4 GEMM µs | x layout µs | chunks of 8 µs | chunks of 16 µs | dequant µs | dequant % copy | rel diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    opt = lambda r, k: f"{r[k]:.1f}" if r.get(k) is not None else "n/a"
     for r in doc["rows"]:
         lines.append(f"| {r['projection']} | {r['shape']} | {r['tokens']} | {r['dtype']} | {r['dense_us']:.1f} | "
                      f"{r['int4jit_us']:.1f} | {r['int4jit_us'] / r['dense_us']:.2f} | {r.get('path', 'n/a')} | "
-                     f"{opt(r, 'dequant_mm_us')} | {opt(r, 'gemm_us')} | "
+                     f"{opt(r, 'dequant_mm_us')} | {opt(r, 'gemm_us')} | {opt(r, 'gemm_xperm_us')} | "
                      f"{opt(r, 'chunks8_us')} | {opt(r, 'chunks16_us')} | {r['dequant_us']:.1f} | "
                      f"{r['dequant_pct_copy']:.0f}% | {r['int4jit_rel_diff']:.1e} |")
     return "\n".join(lines)
