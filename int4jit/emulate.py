@@ -25,9 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from . import compiler
-from .spec import TEMPLATES, KernelSpec, read_template
+from .spec import TEMPLATES, KernelSpec, gemm_workspace_bytes, read_template
 from .trace import trace
 
+# Kernels that take the token count as a sixth argument (the prefill GEMM's x layout; the GEMM
+# itself needs wgmma, which the CPU prelude has not).
+TOKENS_ARG = ("xperm",)
 CXX_FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w")
 STD_HEADER = "i4emu_std.h"  # the prelude's standard headers, precompiled once a process (_private_dir)
 _libs: dict[str, ctypes.CDLL] = {}
@@ -64,10 +67,10 @@ def source(spec: KernelSpec) -> str:
     kc = cluster_size(spec)
     copies = "".join(f'#define I4_SMEM_SECTION "i4smem{r}"\nnamespace i4blk{r} {{\n{body}\n}}\n#undef I4_SMEM_SECTION\n'
                      for r in range(kc))
-    args = "(const u16*)x, (const u8*)w, (const u16*)s, (const u8*)z, (u16*)y"
+    args = "(const u16*)x, (const u8*)w, (const u16*)s, (const u8*)z, (u16*)y" + (", tokens" if spec.kernel in TOKENS_ARG else "")
     launch = "".join(f"extern char __start_i4smem{r}[] __attribute__((weak));\n" for r in range(kc))
     launch += (f'extern "C" void i4emu_launch(const void* x, const void* w, const void* s, const void* z, void* y,\n'
-               f'                             const int* clusters, int count) {{\n'
+               f'                             long long tokens, const int* clusters, int count) {{\n'
                + "".join(f"    i4emu::smem[{r}] = __start_i4smem{r};\n" for r in range(kc))
                + f"    i4emu::run({spec.grid}, {spec.block}, {kc}, clusters, count, [&](int rank) {{\n"
                + "".join(f"        if (rank == {r}) i4blk{r}::{spec.name}({args});\n" for r in range(kc))
@@ -115,16 +118,19 @@ def build(spec: KernelSpec) -> ctypes.CDLL:
                            f"compiler failed:\n{done.stderr[-4000:]}")
     lib = ctypes.CDLL(str(so))
     lib.i4emu_launch.restype = None
-    lib.i4emu_launch.argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.i4emu_launch.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong, ctypes.POINTER(ctypes.c_int), ctypes.c_int]
     with _lock:
         return _libs.setdefault(key, lib)
 
 
 def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zeros, out: np.ndarray,
-        blocks=None) -> np.ndarray:
+        blocks=None, tokens: int | None = None) -> np.ndarray:
     """Launch the spec on host arrays (x, scales and out as 16-bit words: float16, or bfloat16
     bits in uint16): the whole grid, or only `blocks` (indices; with their clusters' other
-    blocks). `out` is written in place."""
+    blocks). `out` is written in place. tokens: the runtime token count of the kernels that take
+    one (TOKENS_ARG: x is [tokens, K], out the GEMM's workspace)."""
+    if (tokens is None) != (spec.kernel not in TOKENS_ARG):
+        raise ValueError(f"tokens is {'needed' if tokens is None else 'not taken'} by the {spec.kernel} kernel")
     reason = unavailable()
     if reason:
         raise NotImplementedError(f"{spec.kernel} {spec.label()} on {spec.arch} cannot be emulated: {reason}")
@@ -133,10 +139,14 @@ def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zero
     if not out.flags.c_contiguous or out.dtype.itemsize != 2:
         raise ValueError(f"out must be a contiguous array of 16-bit words; got {out.dtype} {out.shape}")
     sh = spec.shape  # sizes checked: the kernel would read or write past a smaller array
-    sizes = {"x": (arrays[0].nbytes, 0 if spec.kernel == "dequant" else 2 * sh.M * sh.K), "w": (arrays[1].nbytes, sh.N * sh.K // 2),
-             "scales": (arrays[2].nbytes, 2 * sh.N * (sh.K // sh.group)),
-             "zeros": (0 if z is None else z.nbytes, 0 if sh.symmetric else sh.N * (sh.K // sh.group)),
-             "out": (out.nbytes, 2 * (sh.N * sh.K if spec.kernel == "dequant" else sh.M * sh.N))}
+    if spec.kernel == "xperm":  # x [tokens, K] into the GEMM's workspace; no weights read
+        sizes = {"x": (arrays[0].nbytes, 2 * tokens * sh.K),
+                 "out": (out.nbytes, gemm_workspace_bytes(tokens, sh.K, int(spec.param("GEMM_GRID"))))}
+    else:
+        sizes = {"x": (arrays[0].nbytes, 0 if spec.kernel == "dequant" else 2 * sh.M * sh.K),
+                 "w": (arrays[1].nbytes, sh.N * sh.K // 2), "scales": (arrays[2].nbytes, 2 * sh.N * (sh.K // sh.group)),
+                 "zeros": (0 if z is None else z.nbytes, 0 if sh.symmetric else sh.N * (sh.K // sh.group)),
+                 "out": (out.nbytes, 2 * (sh.N * sh.K if spec.kernel == "dequant" else sh.M * sh.N))}
     for name, (have, need) in sizes.items():
         if have < need or (name == "zeros" and sh.symmetric and z is not None):
             raise ValueError(f"{name} must hold {need} bytes for {spec.kernel} {sh.key()}; got {have}")
@@ -147,7 +157,7 @@ def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zero
     lib = build(spec)
     with _run_lock:  # a library's emulated block state (its barriers, shared memory) serves one launch at a time
         lib.i4emu_launch(*(a.ctypes.data for a in arrays), None if z is None else z.ctypes.data, out.ctypes.data,
-                         ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), int(ids.size))
+                         tokens or 0, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), int(ids.size))
     return out
 
 

@@ -2,7 +2,8 @@
 every kernel, fp16 and bf16, 1..16 tokens, the groups, ragged N and K, the variant fields, and
 the AMD targets' wave sizes (64 on gfx90a and gfx900, 32 on gfx1030) and dot-product forms, none
 of which a GPU of this project runs, and thread block clusters. Outputs are poisoned (NaN) before
-each launch. The vendor preludes and timing are the GPU tests' (tests/test_gemv_gpu.py)."""
+each launch; and the prefill GEMM's x layout kernel against its definition (the GEMM itself
+needs wgmma). The vendor preludes and timing are the GPU tests' (tests/test_gemv_gpu.py)."""
 from concurrent.futures import ThreadPoolExecutor
 import os
 
@@ -15,7 +16,7 @@ import int4jit
 from int4jit import spec as spec_mod
 from int4jit.shapes import GemvShape, LaunchConfig, candidate_grid
 from int4jit import emulate as emu
-from int4jit.spec import Variant, make_dequant_spec, make_spec
+from int4jit.spec import Variant, gemm_workspace_bytes, make_dequant_spec, make_spec
 
 from conftest import few_outputs_floor, random_problem, rel_error
 
@@ -227,6 +228,67 @@ def test_a_few_blocks_of_a_grid():
     rows = list(emu.rows_of_block(cluster, 1))
     assert rows == list(range(32)) and np.isnan(out[32:]).all()
     assert rel_error(out[rows], int4jit.reference_gemv(x_ref, w, s_ref, zeros)[rows]) <= TOL["float16"]
+
+
+def xperm_reference(x: np.ndarray, tokens: int, K: int, tok: int = 128) -> np.ndarray:
+    """x' as the prefill GEMM's shared memory takes it (templates/xperm.hip), from its definition:
+    per token tile and step of 128 k, two 64-k halves of `tok` rows; in a step, position
+    16 j + 8 hi + 2 t + e holds k = 32 t + 8 w + 4 e + 2 h + hi (j = 2 w + h); the 16-byte chunk
+    c of row r stored at chunk c ^ (r % 8). As 16-bit words, [tiles, steps, 2, tok, 8, 8]."""
+    j, hi, t, e = np.meshgrid(np.arange(8), np.arange(2), np.arange(4), np.arange(2), indexing="ij")
+    source = np.empty(128, np.int64)
+    source[(16 * j + 8 * hi + 2 * t + e).ravel()] = (32 * t + 8 * (j // 2) + 4 * e + 2 * (j % 2) + hi).ravel()
+    rows = -(-tokens // tok) * tok
+    padded = np.zeros((rows, K), x.dtype)
+    padded[:tokens] = x
+    steps = K // 128
+    logical = padded.reshape(rows, steps, 128)[:, :, source].reshape(rows // tok, tok, steps, 2, 8, 8)
+    logical = logical.transpose(0, 2, 3, 1, 4, 5)  # (tile, r, step, half, c, el) -> (tile, step, half, r, c, el)
+    slot = np.arange(8)[None, :] ^ (np.arange(tok) % 8)[:, None]
+    out = np.empty_like(logical)
+    np.put_along_axis(out, np.broadcast_to(slot[None, None, None, :, :, None], logical.shape), logical, axis=4)
+    return out
+
+
+XPERM = [(1, 128), (130, 256), (256, 384)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("tokens,K", XPERM)
+def test_prefill_x_layout(tokens, K, dtype):
+    """templates/xperm.hip (the prefill GEMM's x layout kernel) against its definition
+    (xperm_reference): the rows of a partial token tile are zeros, the GEMM's flags are zeroed,
+    its partial sums left alone; the workspace is poisoned first. A grid of 2 SMs' blocks (a
+    grid-stride loop over 256-thread blocks)."""
+    from int4jit.spec import GEMM_PARTIAL_BYTES, make_xperm_spec
+    spec = make_xperm_spec(GemvShape(128, K, 128, False, dtype=dtype), "sm_90", 2)
+    rng = np.random.default_rng(tokens)
+    x = rng.integers(1, 0x7C00, size=(tokens, K), dtype=np.uint16)  # no word is 0: a zero row is the kernel's
+    out = np.full(gemm_workspace_bytes(tokens, K, 2) // 2, 0xFFFF, np.uint16)
+    emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out, tokens=tokens)
+    xp_words = -(-tokens // 128) * 128 * K
+    assert np.array_equal(out[:xp_words].reshape(-1, K // 128, 2, 128, 8, 8), xperm_reference(x, tokens, K))
+    partial = out[xp_words:xp_words + 2 * GEMM_PARTIAL_BYTES // 2]
+    assert (partial == 0xFFFF).all() and (out[xp_words + len(partial):] == 0).all()
+    with pytest.raises(ValueError, match="tokens is needed"):
+        emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out)
+    with pytest.raises(ValueError, match="out must hold"):
+        emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out[:-1], tokens=tokens)
+
+
+def test_a_wrong_x_layout_fails(monkeypatch):
+    """The negative case: the layout without the swizzle is not x'."""
+    from int4jit.spec import make_xperm_spec
+    text = spec_mod.read_template("xperm.hip")
+    old = "((c ^ (r % 8)) << 4)"
+    assert old in text
+    monkeypatch.setattr(emu, "read_template", lambda n: text.replace(old, "(c << 4)") if n == "xperm.hip"
+                        else spec_mod.read_template(n))
+    spec = make_xperm_spec(GemvShape(128, 256, 128, False), "sm_90", 2)
+    x = np.random.default_rng(0).integers(1, 0x7C00, size=(130, 256), dtype=np.uint16)
+    out = np.zeros(gemm_workspace_bytes(130, 256, 2) // 2, np.uint16)
+    emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out, tokens=130)
+    assert not np.array_equal(out[:256 * 256].reshape(-1, 2, 2, 128, 8, 8), xperm_reference(x, 130, 256))
 
 
 @st.composite
