@@ -67,7 +67,8 @@ def source(spec: KernelSpec) -> str:
     kc = cluster_size(spec)
     copies = "".join(f'#define I4_SMEM_SECTION "i4smem{r}"\nnamespace i4blk{r} {{\n{body}\n}}\n#undef I4_SMEM_SECTION\n'
                      for r in range(kc))
-    args = "(const u16*)x, (const u8*)w, (const u16*)s, (const u8*)z, (u16*)y" + (", tokens" if spec.kernel in TOKENS_ARG else "")
+    args = "(const u16*)x, (const u8*)w, (const u16*)s, (const u8*)z, (u16*)y"
+    args += ", tokens" if spec.kernel in TOKENS_ARG else ""
     launch = "".join(f"extern char __start_i4smem{r}[] __attribute__((weak));\n" for r in range(kc))
     launch += (f'extern "C" void i4emu_launch(const void* x, const void* w, const void* s, const void* z, void* y,\n'
                f'                             long long tokens, const int* clusters, int count) {{\n'
