@@ -63,6 +63,26 @@ def need(module: str):
         pytest.skip(f"{module} not installed")
 
 
+def assert_fused_like_llama(model):
+    """Every decoder layer of a transformers Llama-style model runs q/k/v and gate/up as one
+    Int4Linear each (quantize_model's fusion: they share their input); o and down run alone."""
+    from int4jit.torch import _Fused
+    for block in model.model.layers:
+        a, mlp = block.self_attn, block.mlp
+        assert isinstance(a.q_proj._shared, _Fused) and a.q_proj._shared.members == (a.q_proj, a.k_proj, a.v_proj)
+        assert a.q_proj._shared is a.k_proj._shared is a.v_proj._shared
+        assert isinstance(mlp.up_proj._shared, _Fused) and mlp.up_proj._shared.members == (mlp.gate_proj, mlp.up_proj)
+        assert mlp.gate_proj._shared is mlp.up_proj._shared
+        assert a.o_proj._shared is None and mlp.down_proj._shared is None
+
+
+def prepared_layer(m):
+    """The GemvWeights an Int4Linear's calls run on: its fused group's where it has one, else its
+    own (None where no call has prepared one)."""
+    from int4jit.torch import _Fused
+    return (m._shared.linear if isinstance(m._shared, _Fused) else m)._layer
+
+
 def rel_error(y, ref, floor: float = 0.0) -> float:
     """||y - ref|| / ||ref||, the denominator at least `floor` (see few_outputs_floor)."""
     y = np.asarray(y, dtype=np.float64).reshape(-1)

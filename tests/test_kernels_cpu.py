@@ -253,6 +253,14 @@ def xperm_reference(x: np.ndarray, tokens: int, K: int, tok: int = 128) -> np.nd
 XPERM = [(1, 128), (130, 256), (256, 384)]
 
 
+def lay_out(spec, x: np.ndarray, out: np.ndarray, tokens) -> np.ndarray:
+    """Run the x layout kernel (it reads no weights) on x into the workspace `out`; its x' part
+    shaped as xperm_reference gives it."""
+    emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out, tokens=tokens)
+    K = spec.shape.K
+    return out[:-(-tokens // 128) * 128 * K].reshape(-1, K // 128, 2, 128, 8, 8)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("tokens,K", XPERM)
 def test_prefill_x_layout(tokens, K, dtype):
@@ -265,15 +273,15 @@ def test_prefill_x_layout(tokens, K, dtype):
     rng = np.random.default_rng(tokens)
     x = rng.integers(1, 0x7C00, size=(tokens, K), dtype=np.uint16)  # no word is 0: a zero row is the kernel's
     out = np.full(gemm_workspace_bytes(tokens, K, 2) // 2, 0xFFFF, np.uint16)
-    emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out, tokens=tokens)
-    xp_words = -(-tokens // 128) * 128 * K
-    assert np.array_equal(out[:xp_words].reshape(-1, K // 128, 2, 128, 8, 8), xperm_reference(x, tokens, K))
+    laid = lay_out(spec, x, out, tokens)
+    assert np.array_equal(laid, xperm_reference(x, tokens, K))
+    xp_words = laid.size
     partial = out[xp_words:xp_words + 2 * GEMM_PARTIAL_BYTES // 2]
     assert (partial == 0xFFFF).all() and (out[xp_words + len(partial):] == 0).all()
     with pytest.raises(ValueError, match="tokens is needed"):
-        emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out)
+        lay_out(spec, x, out, None)
     with pytest.raises(ValueError, match="out must hold"):
-        emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out[:-1], tokens=tokens)
+        lay_out(spec, x, out[:-1], tokens)
 
 
 def test_a_wrong_x_layout_fails(monkeypatch):
@@ -287,8 +295,7 @@ def test_a_wrong_x_layout_fails(monkeypatch):
     spec = make_xperm_spec(GemvShape(128, 256, 128, False), "sm_90", 2)
     x = np.random.default_rng(0).integers(1, 0x7C00, size=(130, 256), dtype=np.uint16)
     out = np.zeros(gemm_workspace_bytes(130, 256, 2) // 2, np.uint16)
-    emu.run(spec, x, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None, out, tokens=130)
-    assert not np.array_equal(out[:256 * 256].reshape(-1, 2, 2, 128, 8, 8), xperm_reference(x, 130, 256))
+    assert not np.array_equal(lay_out(spec, x, out, 130), xperm_reference(x, 130, 256))
 
 
 @st.composite

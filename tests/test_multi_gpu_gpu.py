@@ -10,7 +10,7 @@ import pytest
 import int4jit
 from int4jit import benchmark
 
-from conftest import random_problem, rel_error
+from conftest import prepared_layer, random_problem, rel_error
 
 try:  # import at collection: torch fails to import late in a long pytest process
     import torch
@@ -226,7 +226,7 @@ def _decode_step_logits(model, ids):
 def test_llama_split_over_two_gpus_matches_the_one_gpu_run(monkeypatch):
     import copy
     transformers = pytest.importorskip("transformers")
-    from int4jit.torch import Int4Linear, _Fused, quantize_model
+    from int4jit.torch import Int4Linear, quantize_model
     monkeypatch.setenv("INT4JIT_TUNE", "0")  # the same heuristic picks on both runs
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
@@ -243,6 +243,6 @@ def test_llama_split_over_two_gpus_matches_the_one_gpu_run(monkeypatch):
     rel = float((got - want).norm() / want.norm())
     assert rel <= 1e-3, f"split decode logits differ from the one-GPU run: relative {rel:.2e}"
     # the decode step ran the int4jit kernels on both GPUs
-    prepared = [(m._shared.linear if isinstance(m._shared, _Fused) else m)._layer for m in layers]  # q/k/v, gate/up fused
+    prepared = [prepared_layer(m) for m in layers]  # q/k/v, gate/up fused
     ran = {layer.device_index for layer in prepared if layer is not None}
     assert ran == {0, 1}, f"layers prepared for int4jit kernels on GPUs {ran}"

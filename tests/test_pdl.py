@@ -49,8 +49,13 @@ def instructions(text: str) -> list[str]:
         s = line.strip()
         if not s or s.startswith(("//", ".", "$", "{", "}", ")", "(")):
             continue
-        out.append(re.sub(r"^@!?%\w+\s+", "", s))
+        out.append(unpredicated(s))
     return out
+
+
+def unpredicated(line: str) -> str:
+    """A PTX instruction without its guard predicate (`@%p1 `, `@!%p1 `)."""
+    return re.sub(r"^@!?%\w+\s+", "", line)
 
 
 def before_wait(text: str) -> list[str]:
@@ -74,7 +79,7 @@ def before_wait(text: str) -> list[str]:
             continue
         seen.add(name)
         for s in blocks[name]:
-            op = re.sub(r"^@!?%\w+\s+", "", s)
+            op = unpredicated(s)
             if op.startswith("griddepcontrol.wait"):
                 break
             out.append(op)

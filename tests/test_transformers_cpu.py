@@ -15,6 +15,8 @@ else:
 
 from int4jit.torch import Int4Linear, _Fused, quantize_model  # noqa: E402
 
+from conftest import assert_fused_like_llama  # noqa: E402
+
 
 @pytest.mark.parametrize("family", ["Llama", "Qwen2"])
 def test_fused_model_generates_what_the_unfused_one_does(family):
@@ -31,10 +33,6 @@ def test_fused_model_generates_what_the_unfused_one_does(family):
         want = alone.generate(ids, max_new_tokens=6, do_sample=False)
         torch.testing.assert_close(fused(got).logits, alone(got).logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(got, want)
-    for block in fused.model.layers:
-        a, mlp = block.self_attn, block.mlp
-        assert isinstance(a.q_proj._shared, _Fused) and a.q_proj._shared.members == (a.q_proj, a.k_proj, a.v_proj)
-        assert isinstance(mlp.up_proj._shared, _Fused) and mlp.up_proj._shared.members == (mlp.gate_proj, mlp.up_proj)
-        assert a.o_proj._shared is None and mlp.down_proj._shared is None
+    assert_fused_like_llama(fused)
     assert (fused.model.layers[0].self_attn.q_proj.bias is not None) == (family == "Qwen2")
     assert not any(isinstance(m._shared, _Fused) for m in alone.modules() if isinstance(m, Int4Linear))

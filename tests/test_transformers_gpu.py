@@ -7,7 +7,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import int4jit  # noqa: E402
-from int4jit.torch import Int4Linear, _Fused, _unpack_dequantize, quantize_model  # noqa: E402
+from int4jit.torch import Int4Linear, _unpack_dequantize, quantize_model  # noqa: E402
+
+from conftest import assert_fused_like_llama, prepared_layer  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -65,14 +67,9 @@ def test_decode_on_int4jit_kernels_matches_dequantised_model(dtype):
         want = _decode_logits(_dequantised_copy(model, dtype), ids)
     rel = (got - want).norm() / want.norm()
     assert rel <= 5e-3, f"{dtype}: relative error {rel:.2e}"
-    # q/k/v and gate/up run as one layer each (they share their input); o and down alone
-    for block in model.model.layers:
-        a, mlp = block.self_attn, block.mlp
-        assert isinstance(a.q_proj._shared, _Fused) and a.q_proj._shared.members == (a.q_proj, a.k_proj, a.v_proj)
-        assert isinstance(mlp.gate_proj._shared, _Fused) and mlp.gate_proj._shared.members == (mlp.gate_proj, mlp.up_proj)
-        assert a.o_proj._shared is None and mlp.down_proj._shared is None
+    assert_fused_like_llama(model)
     # the one-token step ran on the kernels: every layer (or its group) has a prepared GemvWeights
-    assert all((m._shared.linear if isinstance(m._shared, _Fused) else m)._layer is not None for m in layers)
+    assert all(prepared_layer(m) is not None for m in layers)
     with torch.no_grad():
         gen = model.generate(ids, max_new_tokens=8, do_sample=False)
     assert gen.shape == (1, 20)
