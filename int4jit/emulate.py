@@ -4,9 +4,11 @@ built by the host's C++ compiler (g++ or clang++, $CXX first) into a shared libr
 temp dir, and launched through ctypes.
 
 What this checks without a GPU: the kernel bodies' indexing, work split, reductions and
-arithmetic for any spec, the AMD targets' wave sizes and dot-product forms included. What it
-does not: the vendor preludes (inline PTX, hiprtc builtins), timing, memory ordering between
-blocks (they run one after the other; a cluster's blocks together). `int4jit` on a
+arithmetic for any spec, the AMD targets' wave sizes and dot-product forms included, and the
+prefill GEMM's Hopper units (mbarriers, bulk copies, wgmma: prelude_cpu.hip stands in for the
+template's own, which it keeps out with I4_EMULATED). What it does not: the vendor preludes
+(inline PTX, hiprtc builtins), timing, memory ordering between blocks (they run one after the
+other, a cluster's blocks together, so a block that waits for a later one is reported). `int4jit` on a
 machine without a GPU uses it to check a few blocks of each kernel it compiles; the CPU tests
 (tests/test_kernels_cpu.py) run whole grids."""
 from __future__ import annotations
@@ -28,9 +30,8 @@ from . import compiler
 from .spec import TEMPLATES, KernelSpec, gemm_workspace_bytes, read_template
 from .trace import trace
 
-# Kernels that take the token count as a sixth argument (the prefill GEMM's x layout; the GEMM
-# itself needs wgmma, which the CPU prelude has not).
-TOKENS_ARG = ("xperm",)
+# Kernels that take the token count as a sixth argument: the prefill GEMM and its x layout.
+TOKENS_ARG = ("xperm", "gemm")
 CXX_FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w")
 STD_HEADER = "i4emu_std.h"  # the prelude's standard headers, precompiled once a process (_private_dir)
 _libs: dict[str, ctypes.CDLL] = {}
@@ -70,12 +71,15 @@ def source(spec: KernelSpec) -> str:
     args = "(const u16*)x, (const u8*)w, (const u16*)s, (const u8*)z, (u16*)y"
     args += ", tokens" if spec.kernel in TOKENS_ARG else ""
     launch = "".join(f"extern char __start_i4smem{r}[] __attribute__((weak));\n" for r in range(kc))
-    launch += (f'extern "C" void i4emu_launch(const void* x, const void* w, const void* s, const void* z, void* y,\n'
-               f'                             long long tokens, const int* clusters, int count) {{\n'
-               + "".join(f"    i4emu::smem[{r}] = __start_i4smem{r};\n" for r in range(kc))
+    launch += "".join(f"alignas(1024) static char i4dynamic{r}[{max(spec.smem, 1)}];\n" for r in range(kc))
+    launch += (f'extern "C" const char* i4emu_launch(const void* x, const void* w, const void* s, const void* z, void* y,\n'
+               f'                                    long long tokens, const int* clusters, int count) {{\n'
+               + "".join(f"    i4emu::smem[{r}] = __start_i4smem{r};\n    i4emu::dynamic_smem[{r}] = i4dynamic{r};\n"
+                         for r in range(kc))
+               + "    i4emu::fault_text.clear();\n"
                + f"    i4emu::run({spec.grid}, {spec.block}, {kc}, clusters, count, [&](int rank) {{\n"
                + "".join(f"        if (rank == {r}) i4blk{r}::{spec.name}({args});\n" for r in range(kc))
-               + "    });\n}\n")
+               + "    });\n    return i4emu::fault_text.empty() ? nullptr : i4emu::fault_text.c_str();\n}\n")
     return f"{prelude}\n{copies}\n{launch}"
 
 
@@ -118,7 +122,7 @@ def build(spec: KernelSpec) -> ctypes.CDLL:
         raise RuntimeError(f"emulating {spec.kernel} {spec.label()} for {spec.shape.key()} on {spec.arch}: the C++ "
                            f"compiler failed:\n{done.stderr[-4000:]}")
     lib = ctypes.CDLL(str(so))
-    lib.i4emu_launch.restype = None
+    lib.i4emu_launch.restype = ctypes.c_char_p  # what went wrong, or None
     lib.i4emu_launch.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong, ctypes.POINTER(ctypes.c_int), ctypes.c_int]
     with _lock:
         return _libs.setdefault(key, lib)
@@ -144,21 +148,28 @@ def run(spec: KernelSpec, x: np.ndarray, w: np.ndarray, scales: np.ndarray, zero
         sizes = {"x": (arrays[0].nbytes, 2 * tokens * sh.K),
                  "out": (out.nbytes, gemm_workspace_bytes(tokens, sh.K, int(spec.param("GEMM_GRID"))))}
     else:
-        sizes = {"x": (arrays[0].nbytes, 0 if spec.kernel == "dequant" else 2 * sh.M * sh.K),
+        rows = tokens if spec.kernel == "gemm" else sh.M
+        sizes = {"x": (arrays[0].nbytes, 0 if spec.kernel == "dequant" else
+                       gemm_workspace_bytes(tokens, sh.K, spec.grid) if spec.kernel == "gemm" else 2 * rows * sh.K),
                  "w": (arrays[1].nbytes, sh.N * sh.K // 2), "scales": (arrays[2].nbytes, 2 * sh.N * (sh.K // sh.group)),
                  "zeros": (0 if z is None else z.nbytes, 0 if sh.symmetric else sh.N * (sh.K // sh.group)),
-                 "out": (out.nbytes, 2 * (sh.N * sh.K if spec.kernel == "dequant" else sh.M * sh.N))}
+                 "out": (out.nbytes, 2 * (sh.N * sh.K if spec.kernel == "dequant" else rows * sh.N))}
     for name, (have, need) in sizes.items():
         if have < need or (name == "zeros" and sh.symmetric and z is not None):
             raise ValueError(f"{name} must hold {need} bytes for {spec.kernel} {sh.key()}; got {have}")
+    if spec.kernel == "gemm" and blocks is not None:
+        raise ValueError("the GEMM's blocks wait for lower-numbered ones' partial sums: run its whole grid")
     ids = np.arange(spec.grid, dtype=np.int32) if blocks is None else np.asarray(blocks, dtype=np.int32)
     if ids.size and (ids.min() < 0 or ids.max() >= spec.grid):
         raise ValueError(f"blocks must lie in 0..{spec.grid - 1}; got {ids.min()}..{ids.max()}")
     ids = np.unique(ids // cluster_size(spec)).astype(np.int32)  # a block runs with its whole cluster
     lib = build(spec)
     with _run_lock:  # a library's emulated block state (its barriers, shared memory) serves one launch at a time
-        lib.i4emu_launch(*(a.ctypes.data for a in arrays), None if z is None else z.ctypes.data, out.ctypes.data,
-                         tokens or 0, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), int(ids.size))
+        fault = lib.i4emu_launch(*(a.ctypes.data for a in arrays), None if z is None else z.ctypes.data,
+                                 out.ctypes.data, tokens or 0, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+                                 int(ids.size))
+    if fault:
+        raise RuntimeError(f"emulated {spec.kernel} {spec.label()} for {sh.key()}: {fault.decode()}")
     return out
 
 

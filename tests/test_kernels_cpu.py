@@ -2,8 +2,9 @@
 every kernel, fp16 and bf16, 1..16 tokens, the groups, ragged N and K, the variant fields, and
 the AMD targets' wave sizes (64 on gfx90a and gfx900, 32 on gfx1030) and dot-product forms, none
 of which a GPU of this project runs, and thread block clusters. Outputs are poisoned (NaN) before
-each launch; and the prefill GEMM's x layout kernel against its definition (the GEMM itself
-needs wgmma). The vendor preludes and timing are the GPU tests' (tests/test_gemv_gpu.py)."""
+each launch; and the prefill GEMM's x layout kernel against its definition, and the GEMM
+(wgmma, mbarriers and bulk copies emulated) on its output. The vendor preludes and timing are
+the GPU tests' (tests/test_gemv_gpu.py)."""
 from concurrent.futures import ThreadPoolExecutor
 import os
 
@@ -296,6 +297,77 @@ def test_a_wrong_x_layout_fails(monkeypatch):
     x = np.random.default_rng(0).integers(1, 0x7C00, size=(130, 256), dtype=np.uint16)
     out = np.zeros(gemm_workspace_bytes(130, 256, 2) // 2, np.uint16)
     assert not np.array_equal(lay_out(spec, x, out, 130), xperm_reference(x, 130, 256))
+
+
+def prefill(N, K, tokens, sms, dtype="float16", symmetric=False, group=128, scale_dtype=None, seed=0):
+    """The prefill GEMM on the CPU as GemvWeights.matmul runs it (the x layout kernel into a
+    poisoned workspace, then the GEMM on a grid of `sms` blocks into a poisoned y): (y, its
+    float64 reference, the error floor of its outputs)."""
+    from int4jit.spec import make_gemm_spec, make_xperm_spec
+    shape = GemvShape(N, K, group, symmetric, dtype=dtype, scale_dtype=scale_dtype or dtype)
+    _, _, w, scales, s_ref, zeros = problem(make_spec(shape, "sm_90", "simt", LaunchConfig(128, 4)), seed)
+    x = np.random.default_rng(seed + 1).standard_normal((tokens, K)).astype(np.float32)
+    x_words, x_ref = (bf16_bits(x), bf16_values(bf16_bits(x))) if dtype == "bfloat16" else (x.astype(np.float16),) * 2
+    workspace = np.full(gemm_workspace_bytes(tokens, K, sms) // 2, 0xFFFF, np.uint16)
+    emu.run(make_xperm_spec(shape, "sm_90", sms), x_words, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None,
+            workspace, tokens=tokens)
+    out = np.full((tokens, N), 0x7FC0, np.uint16)  # NaN in fp16 and in bf16
+    emu.run(make_gemm_spec(shape, "sm_90", sms), workspace, w, scales, zeros, out, tokens=tokens)
+    y = bf16_values(out) if dtype == "bfloat16" else out.view(np.float16)
+    return y, int4jit.reference_gemv(x_ref, w, s_ref, zeros), few_outputs_floor(x_ref, w, s_ref, zeros)
+
+
+# (N, K, tokens, SMs, dtype, symmetric, group, scale dtype): whole waves then stream-K (16 tiles on
+# 3 SMs), stream-K only with tiles cut three ways (9 tiles of 4 steps on 5), one wave (4 tiles on
+# 5), one token, a partial token tile, bf16 with fp16 scales, symmetric, group 32.
+PREFILL = [(1024, 256, 256, 3, "float16", False, 128, None), (384, 512, 300, 5, "float16", True, 128, None),
+           (256, 256, 200, 5, "bfloat16", False, 32, "float16"), (256, 1024, 1, 7, "bfloat16", True, 128, None),
+           (128, 384, 129, 1, "float16", False, 64, None)]
+
+
+@pytest.mark.parametrize("N,K,tokens,sms,dtype,symmetric,group,scale_dtype", PREFILL)
+def test_prefill_gemm(N, K, tokens, sms, dtype, symmetric, group, scale_dtype):
+    """templates/gemm_sm90.hip on x' from templates/xperm.hip against the float64 reference:
+    its work split (whole waves, stream-K, the partial sums added by the tile's last block), the
+    A fragments made from the int4 weights, the x' ring, partial token tiles."""
+    if emu.unavailable():
+        pytest.skip(emu.unavailable())
+    y, ref, floor = prefill(N, K, tokens, sms, dtype, symmetric, group, scale_dtype)
+    assert rel_error(y, ref, floor) <= TOL[dtype]
+
+
+# A GEMM that drops one of a cut tile's partial sums, or waits for a flag no block before it
+# raises (on a GPU: a hang): what each does to the template, and the error it meets.
+BROKEN_GEMM = {"a partial sum dropped": ("acc[i] += v.x;", "", "relative error"),
+               "a wait on its own flag": ("flag_wait(flags + b);", "flag_wait(flags + blockIdx.x);",
+                                          "waits for a flag no earlier block raised")}
+
+
+@pytest.mark.parametrize("what", BROKEN_GEMM)
+def test_a_wrong_prefill_gemm_fails(monkeypatch, what):
+    if emu.unavailable():
+        pytest.skip(emu.unavailable())
+    old, new, error = BROKEN_GEMM[what]
+    text = spec_mod.read_template("gemm_sm90.hip")
+    assert old in text
+    monkeypatch.setattr(emu, "read_template", lambda n: text.replace(old, new) if n == "gemm_sm90.hip"
+                        else spec_mod.read_template(n))
+    with pytest.raises((RuntimeError, AssertionError), match=error):
+        y, ref, floor = prefill(384, 512, 300, 5)
+        err = rel_error(y, ref, floor)
+        assert err <= TOL["float16"], f"relative error {err:.1e}"
+
+
+def test_the_prefill_gemm_runs_whole_grids_only():
+    from int4jit.spec import make_gemm_spec
+    spec = make_gemm_spec(GemvShape(128, 256, 128, False), "sm_90", 2)
+    w, s, z = np.zeros(128 * 128, np.uint8), np.zeros(256, np.uint16), np.zeros(256, np.uint8)
+    with pytest.raises(ValueError, match="run its whole grid"):
+        emu.run(spec, np.zeros(gemm_workspace_bytes(1, 256, 2) // 2, np.uint16), w, s, z,
+                np.zeros(128, np.uint16), blocks=[1], tokens=1)
+    with pytest.raises(ValueError, match="x must hold"):  # the workspace of fewer tokens
+        emu.run(spec, np.zeros(gemm_workspace_bytes(1, 256, 2) // 2, np.uint16), w, s, z,
+                np.zeros(129 * 128, np.uint16), tokens=129)
 
 
 @st.composite

@@ -83,9 +83,16 @@ __device__ __forceinline__ u32 scale_pair(u16 s) {
 }
 
 // -- Hopper primitives ------------------------------------------------------------------------
+// The CPU prelude (prelude_cpu.hip, I4_EMULATED) has its own of everything in this section.
+#if !I4_EMULATED
+// The block's dynamic shared memory (the launch gives its size).
+#define DYNAMIC_SMEM(name) extern __shared__ __align__(1024) unsigned char name[]
 // mbarriers (shared::cta, 64-bit) and the bulk copy that completes one.
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {  // the inits seen by the async proxy
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
@@ -138,6 +145,11 @@ __device__ __forceinline__ void wgmma_step(float (&d)[ACC], const u32 (&a)[4], u
                  : ${D_OPERANDS}
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
+#else
+__device__ __forceinline__ void wgmma_step(float (&d)[ACC], const u32 (&a)[4], unsigned long long desc) {
+    wgmma_emulated(d, a, desc, BF16);
+}
+#endif  // !I4_EMULATED
 
 // -- A fragments ------------------------------------------------------------------------------
 // The zero point as the words that turn (1024 + q) / (1024 + 16q) pairs into q - z (fp16), or
@@ -196,7 +208,7 @@ __device__ __forceinline__ void make_a(const StepWeights& sw, int half, u32 (&a)
 extern "C" __global__ void __launch_bounds__(BS, 1)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y, long long tokens) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    DYNAMIC_SMEM(smem_raw);
     // The ring (1024-byte aligned for the swizzle), then the full and empty mbarriers of each stage.
     const u32 ring = (smem_address(smem_raw) + 1023u) & ~1023u;
     const u32 full_bar = ring + STAGES * STAGE_BYTES, empty_bar = full_bar + 8 * STAGES;
@@ -211,7 +223,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
             mbar_init(full_bar + 8 * k, 1);
             mbar_init(empty_bar + 8 * k, WGS);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
 

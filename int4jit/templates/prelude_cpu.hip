@@ -5,19 +5,26 @@
 // mma sums exact products in double and rounds once to fp32, I4_WARP is the target's wave size.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
+#include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #define I4_WARP ${WARP}
 #define I4_HAS_DOT2 ${HAS_DOT2}
+#define I4_EMULATED 1  // the kernels' own Hopper primitives (gemm_sm90.hip) give way to this file's
 #define I4_RESTRICT __restrict
 #define __device__
 #define __global__
@@ -34,6 +41,7 @@ typedef unsigned short u16;
 typedef unsigned char u8;
 struct alignas(16) u32x4 { u32 x, y, z, w; };
 struct alignas(8) u32x2 { u32 x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
 
 // -- the emulated launch: thread and block indices, barriers of a block and of its warps ----
 struct i4_dim3 { unsigned x = 0, y = 0, z = 0; };
@@ -41,17 +49,27 @@ inline thread_local i4_dim3 threadIdx, blockIdx;
 inline i4_dim3 gridDim, blockDim;
 
 namespace i4emu {
+// An mbarrier (Hopper): `pending` arrivals and `tx` bytes to go in the current phase.
+struct Mbarrier { u32 count = 0, pending = 0, phase = 0; long long tx = 0; };
+
 struct Block {
     int bs = 0;
     std::unique_ptr<std::barrier<>> all;                 // __syncthreads
     std::vector<std::unique_ptr<std::barrier<>>> warps;  // warp-wide steps
-    std::vector<std::array<u32, 8>> slots;               // what each thread shows its warp
+    std::vector<std::unique_ptr<std::barrier<>>> groups; // warpgroup-wide steps (128 threads: wgmma)
+    std::vector<std::array<u32, 8>> slots;               // what each thread shows its warp (or warpgroup)
+    std::map<u32, Mbarrier> mbarriers;                   // by shared-memory address
+    std::mutex mbar_lock;
+    std::condition_variable mbar_done;
 
     explicit Block(int threads) : bs(threads), slots((threads + I4_WARP - 1) / I4_WARP * I4_WARP) { reset(); }
     void reset() {  // full counts again (threads that returned early dropped out of the last block)
         all = std::make_unique<std::barrier<>>(bs);
         warps.clear();
         for (int w0 = 0; w0 < bs; w0 += I4_WARP) warps.push_back(std::make_unique<std::barrier<>>(std::min(I4_WARP, bs - w0)));
+        groups.clear();
+        for (int w0 = 0; w0 < bs; w0 += 128) groups.push_back(std::make_unique<std::barrier<>>(std::min(128, bs - w0)));
+        mbarriers.clear();
     }
 };
 // The blocks of one cluster (one block without clusters) run at once, a copy of the kernel each
@@ -60,10 +78,23 @@ inline std::vector<std::unique_ptr<Block>> blocks;
 inline thread_local Block* block = nullptr;
 inline thread_local int rank = 0;
 inline char* smem[16];
+inline char* dynamic_smem[16];  // each rank's dynamic shared memory (DYNAMIC_SMEM)
 inline std::unique_ptr<std::barrier<>> cluster;
 inline thread_local std::optional<std::barrier<>::arrival_token> cluster_arrival;
 
+// What went wrong in the launch, where a kernel can go on (its result is then wrong): the first
+// message, which the launcher returns.
+inline std::mutex fault_lock;
+inline std::string fault_text;
+template <class... A> inline void fault(const char* format, A... args) {
+    char text[256];
+    std::snprintf(text, sizeof text, format, args...);
+    std::lock_guard<std::mutex> hold(fault_lock);
+    if (fault_text.empty()) fault_text = text;
+}
+
 inline std::barrier<>& warp_barrier() { return *block->warps[threadIdx.x / I4_WARP]; }
+inline std::barrier<>& group_barrier() { return *block->groups[threadIdx.x / 128]; }
 inline std::array<u32, 8>& slot(int lane) { return block->slots[threadIdx.x / I4_WARP * I4_WARP + lane]; }
 
 // Run clusters ids[0..count) of a grid of `grid` blocks of `bs` threads, `kc` blocks a cluster;
@@ -89,6 +120,7 @@ inline void run(int grid, int bs, int kc, const int* ids, int count, const std::
                 blockIdx.x = ids[i] * kc + rank;
                 kernel(rank);
                 warp_barrier().arrive_and_drop();
+                group_barrier().arrive_and_drop();
                 block->all->arrive_and_drop();
                 cluster->arrive_and_drop();
                 between.arrive_and_wait();
@@ -223,6 +255,116 @@ inline void cluster_store(float* p, u32 rank, float v) {
 inline void cluster_sync() { i4emu::cluster->arrive_and_wait(); }
 inline void cluster_arrive_relaxed() { i4emu::cluster_arrival.emplace(i4emu::cluster->arrive()); }
 inline void cluster_wait() { i4emu::cluster->wait(std::move(*i4emu::cluster_arrival)); }
+
+// -- Hopper's asynchronous units, as the prefill GEMM (gemm_sm90.hip) takes them ---------------
+// Shared-memory addresses are offsets into the block's dynamic shared memory. An mbarrier phase
+// completes when its arrivals and its expected bytes are all in; a bulk copy is a memcpy that
+// then counts its bytes; wgmma runs at once (its fence, commit and wait are no-ops), summing
+// exact products in double and rounding once to fp32 (as mma above). The partial sums' flags:
+// the blocks run in order, so a flag a block waits for is raised already, or never will be.
+#define DYNAMIC_SMEM(name) unsigned char* const name = (unsigned char*)i4emu::dynamic_smem[i4emu::rank]
+inline u32 smem_address(const void* p) { return (u32)((const char*)p - i4emu::dynamic_smem[i4emu::rank]); }
+inline char* smem_pointer(u32 a) { return i4emu::dynamic_smem[i4emu::rank] + a; }
+namespace i4emu {
+// Under the block's mbarrier lock: the phase completes once nothing is pending.
+inline void mbar_settle(Mbarrier& m) {
+    if (m.pending == 0 && m.tx == 0) {
+        m.phase ^= 1u;
+        m.pending = m.count;
+        block->mbar_done.notify_all();
+    }
+}
+inline Mbarrier& mbarrier(u32 bar) {
+    auto it = block->mbarriers.find(bar);
+    if (it == block->mbarriers.end()) {  // no way on from here: the threads would wait for nothing
+        std::fprintf(stderr, "emulated kernel: mbarrier at shared offset %u used before mbarrier.init\n", bar);
+        std::abort();
+    }
+    return it->second;
+}
+}  // namespace i4emu
+inline void mbar_init(u32 bar, u32 count) {
+    std::lock_guard<std::mutex> hold(i4emu::block->mbar_lock);
+    i4emu::block->mbarriers[bar] = i4emu::Mbarrier{count, count, 0, 0};
+}
+inline void mbar_init_fence() {}
+inline void mbar_arrive(u32 bar) {
+    std::lock_guard<std::mutex> hold(i4emu::block->mbar_lock);
+    auto& m = i4emu::mbarrier(bar);
+    --m.pending;
+    i4emu::mbar_settle(m);
+}
+inline void mbar_wait(u32 bar, u32 parity) {  // until the phase of that parity has completed
+    std::unique_lock<std::mutex> hold(i4emu::block->mbar_lock);
+    auto& m = i4emu::mbarrier(bar);
+    i4emu::block->mbar_done.wait(hold, [&] { return m.phase != parity; });
+}
+inline void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    {
+        std::lock_guard<std::mutex> hold(i4emu::block->mbar_lock);
+        auto& m = i4emu::mbarrier(bar);
+        m.tx += bytes;  // arrive.expect_tx
+        --m.pending;
+    }
+    std::memcpy(smem_pointer(dst), src, bytes);
+    std::lock_guard<std::mutex> hold(i4emu::block->mbar_lock);
+    auto& m = i4emu::mbarrier(bar);
+    m.tx -= bytes;  // complete_tx
+    i4emu::mbar_settle(m);
+}
+inline void flag_raise(unsigned* f) { __atomic_store_n(f, 1u, __ATOMIC_RELEASE); }
+inline void flag_wait(const unsigned* f) {
+    if (!__atomic_load_n(f, __ATOMIC_ACQUIRE))
+        i4emu::fault("block %u waits for a flag no earlier block raised (on a GPU: forever)", blockIdx.x);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline float4 __ldcg(const float4* p) { return *p; }
+inline void wg_fence() {}
+inline void wg_commit() {}
+template <int PENDING> inline void wg_wait() {}
+template <class T> inline void keep(T&) {}
+// Shared-memory matrix descriptor (as the GPU's: K-major, 128-byte swizzle, 8-row groups 1024
+// bytes apart): the start address in bits 0-13, in 16-byte units.
+inline unsigned long long smem_desc(u32 addr) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+// wgmma.mma_async m64nNk16, A from registers, B (N x 16, K-major) from shared memory by its
+// descriptor: warp w of the warpgroup holds A rows 16w.. as mma's A (lane g, t: rows g, g+8 at
+// k 2t, 2t+1 and 2t+8, 2t+9); element (n, k) of B is at start + 128 n (1024 a group of 8 rows)
+// + 2 k, its 16-byte chunk swizzled (address bits 4-6 ^= bits 7-9); thread (w, g, t) holds D
+// element i at row 16w + g + 8((i%4)/2), column 8(i/4) + 2t + i%2.
+template <int ACC_N>
+inline void wgmma_emulated(float (&d)[ACC_N], const u32 (&a)[4], unsigned long long desc, bool bf16) {
+    constexpr int NCOLS = 2 * ACC_N;  // ACC_N = 64 x N / 128 threads
+    const int me = threadIdx.x % 128, base = threadIdx.x - me, w = me / 32, g = me % 32 / 4, t = me % 4;
+    auto& mine = i4emu::block->slots[threadIdx.x];
+    for (int i = 0; i < 4; ++i) mine[i] = a[i];
+    i4emu::group_barrier().arrive_and_wait();
+    auto val = [&](u32 word, int half) { return bf16 ? bf_val(word >> (16 * half)) : h_val(word >> (16 * half)); };
+    auto A = [&](int r, int k) {  // r within the warp's 16 rows
+        return val(i4emu::block->slots[base + 32 * w + 4 * (r % 8) + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2);
+    };
+    const u32 start = (u32)(desc & 0x3FFFu) << 4;
+    auto B = [&](int n, int k) {
+        const u32 addr = start + 1024u * (n / 8) + 128u * (n % 8) + 2u * k;
+        u16 word;
+        std::memcpy(&word, smem_pointer(addr ^ (((addr >> 7) & 7u) << 4)), 2);
+        return val(word, 0);
+    };
+    double arow[2][16];
+    for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 16; ++k) arow[h][k] = A(g + 8 * h, k);
+    float out[ACC_N];
+    for (int i = 0; i < ACC_N; ++i) {
+        const int n = 8 * (i / 4) + 2 * t + i % 2;
+        static_assert(NCOLS % 8 == 0);
+        double sum = d[i];
+        for (int k = 0; k < 16; ++k) sum += arow[(i % 4) / 2][k] * B(n, k);
+        out[i] = (float)sum;
+    }
+    i4emu::group_barrier().arrive_and_wait();
+    for (int i = 0; i < ACC_N; ++i) d[i] = out[i];
+}
 
 // -- the dot products of the simt kernel (both vendors' forms) ---------------------------------
 typedef float dot_acc_t;
