@@ -312,7 +312,7 @@ def prefill(N, K, tokens, sms, dtype="float16", symmetric=False, group=128, scal
     emu.run(make_xperm_spec(shape, "sm_90", sms), x_words, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None,
             workspace, tokens=tokens)
     out = np.full((tokens, N), 0x7FC0, np.uint16)  # NaN in fp16 and in bf16
-    spec = make_gemm_spec(shape, "sm_90", sms, cluster)
+    spec = make_gemm_spec(shape, "sm_90", sms, cluster=cluster)
     assert spec.param("CLUSTER") == cluster
     emu.run(spec, workspace, w, scales, zeros, out, tokens=tokens)
     y = bf16_values(out) if dtype == "bfloat16" else out.view(np.float16)
