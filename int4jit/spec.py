@@ -467,12 +467,7 @@ def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int, cluster: int = GE
     if cluster not in (1, 2, 4):
         raise ValueError(f"the GEMM's cluster is 1, 2 or 4 blocks; got {cluster}")
     cluster = gemm_cluster(shape, sm_count, cluster)
-    acc = GEMM_TOKENS // 2  # fp32 accumulators a thread: the wgmma's operand list
     params = (("TOK", GEMM_TOKENS), ("WGS", GEMM_ROWS // 64), ("STAGES", GEMM_STAGES), *_dtype_params(shape),
-              ("AB", "bf16" if shape.dtype == "bfloat16" else "f16"),
-              ("D_REGS", "{" + ", ".join(f"%{i}" for i in range(acc)) + "}"),
-              ("D_OPERANDS", ", ".join(f'"+f"(d[{i}])' for i in range(acc))),
-              ("A0", acc), ("A1", acc + 1), ("A2", acc + 2), ("A3", acc + 3), ("DESC", acc + 4), ("ONE", acc + 5),
               ("PARTIAL_BYTES", GEMM_PARTIAL_BYTES), ("CLUSTER", cluster),
               ("CLUSTER_DIMS", f"__cluster_dims__({cluster}, 1, 1)" if cluster > 1 else ""))
     smem = GEMM_STAGES * GEMM_TOKENS * 256 + 1024 + 16 * GEMM_STAGES  # ring, its alignment, the mbarriers

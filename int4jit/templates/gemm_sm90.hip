@@ -85,7 +85,7 @@ static_assert(K % 128 == 0, "the GEMM walks K in steps of 128");
 static_assert(GROUP % 32 == 0, "a lane's 32 k of a step lie in one group");
 static_assert(N % (ROWS * CLUSTER) == 0, "whole row tiles, whole clusters of them");
 static_assert(STAGE_BYTES % (16 * CLUSTER) == 0, "a block's slice of a stage: whole 16-byte pieces");
-static_assert(TOK == 64 || TOK == 128, "wgmma N of 64 or 128 tokens");
+static_assert(TOK == 128, "wgmma m64n128k16 (prelude): 128 tokens a tile");
 static_assert(STAGES >= 3, "the ring holds the step in use, the one before (still read) and one in flight");
 
 __device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
@@ -95,88 +95,11 @@ __device__ __forceinline__ u32 scale_pair(u16 s) {
     return (BF16 ? f_to_bf16(scale_f(s)) : f_to_h(scale_f(s))) * 0x00010001u;
 }
 
-// -- Hopper primitives ------------------------------------------------------------------------
-// The CPU prelude (prelude_cpu.hip, I4_EMULATED) has its own of everything in this section.
-#if !I4_EMULATED
-// The block's dynamic shared memory (the launch gives its size).
-#define DYNAMIC_SMEM(name) extern __shared__ __align__(1024) unsigned char name[]
-// mbarriers (shared::cta, 64-bit) and the bulk copy that completes one.
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() {  // the inits seen by the async proxy
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra wait_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
-}
-// Arrive on mbarrier bar, which then expects `bytes` more (bulk copies complete them).
-__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// `bytes` from global src into shared dst, counted on mbarrier bar.
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-// The same into dst of every block of the cluster in `mask`, counted on each one's mbarrier bar.
-__device__ __forceinline__ void bulk_copy_multicast(u32 dst, const void* src, u32 bytes, u32 bar, u16 mask) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1], %2, [%3], %4;" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
-}
-// Arrive on mbarrier bar of block `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank) {
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-// The partial sums' flags: released by the writing block, acquired by the one that adds them.
-__device__ __forceinline__ void flag_raise(unsigned* f) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(f), "r"(1u) : "memory");
-}
-__device__ __forceinline__ void flag_wait(const unsigned* f) {
-    unsigned v;
-    for (;;) {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-        if (v) break;
-        __nanosleep(64);
-    }
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory"); }
-// Pin a register to this point: the asynchronous wgmma reads A and writes D behind the
-// compiler's back, so neither may be moved across the wait.
-__device__ __forceinline__ void keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
-__device__ __forceinline__ void keep(u32 (&a)[4][4]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        asm volatile("" : "+r"(a[j][0]), "+r"(a[j][1]), "+r"(a[j][2]), "+r"(a[j][3])::"memory");
-}
-
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ unsigned long long smem_desc(u32 addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
-// D (64 x TOK, fp32) += A (64 x 16, registers) * B (16 x TOK, shared memory).
-__device__ __forceinline__ void wgmma_step(float (&d)[ACC], const u32 (&a)[4], unsigned long long desc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %${ONE}, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n${TOK}k16.f32.${AB}.${AB} ${D_REGS}, {%${A0}, %${A1}, %${A2}, %${A3}}, %${DESC}, p, 1, 1, 0;\n}"
-                 : ${D_OPERANDS}
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-#else
-__device__ __forceinline__ void wgmma_step(float (&d)[ACC], const u32 (&a)[4], unsigned long long desc) {
-    wgmma_emulated(d, a, desc, BF16);
-}
-#endif  // !I4_EMULATED
 
 // -- A fragments ------------------------------------------------------------------------------
 // The zero point as the words that turn (1024 + q) / (1024 + 16q) pairs into q - z (fp16), or
@@ -368,7 +291,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
                 for (int h = 0; h < 2; ++h) {
                     wg_fence();
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) wgmma_step(acc, a[h][j], smem_desc(base + h * HALF_BYTES + j * 32));
+                    for (int j = 0; j < 4; ++j) wgmma_m64n128k16<BF16>(acc, a[h][j], smem_desc(base + h * HALF_BYTES + j * 32));
                     wg_commit();
                     if (h == 1 && s + 1 == se) break;
                     // The half step before this one is done: its A buffer is free (and, at h == 0,

@@ -24,7 +24,6 @@
 
 #define I4_WARP ${WARP}
 #define I4_HAS_DOT2 ${HAS_DOT2}
-#define I4_EMULATED 1  // the kernels' own Hopper primitives (gemm_sm90.hip) give way to this file's
 #define I4_RESTRICT __restrict
 #define __device__
 #define __global__
@@ -338,24 +337,19 @@ inline void wg_fence() {}
 inline void wg_commit() {}
 template <int PENDING> inline void wg_wait() {}
 template <class T> inline void keep(T&) {}
-// Shared-memory matrix descriptor (as the GPU's: K-major, 128-byte swizzle, 8-row groups 1024
-// bytes apart): the start address in bits 0-13, in 16-byte units.
-inline unsigned long long smem_desc(u32 addr) {
-    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-// wgmma.mma_async m64nNk16, A from registers, B (N x 16, K-major) from shared memory by its
-// descriptor: warp w of the warpgroup holds A rows 16w.. as mma's A (lane g, t: rows g, g+8 at
-// k 2t, 2t+1 and 2t+8, 2t+9); element (n, k) of B is at start + 128 n (1024 a group of 8 rows)
-// + 2 k, its 16-byte chunk swizzled (address bits 4-6 ^= bits 7-9); thread (w, g, t) holds D
+// wgmma m64n128k16, A from registers, B (128 x 16, K-major) from shared memory by its descriptor
+// (K-major, 128-byte swizzle, 8-row groups 1024 bytes apart; the start address in bits 0-13, in
+// 16-byte units): warp w of the warpgroup holds A rows 16w.. as mma's A (lane g, t: rows g, g+8
+// at k 2t, 2t+1 and 2t+8, 2t+9); element (n, k) of B is at start + 1024 (n / 8) + 128 (n % 8) +
+// 2 k, its 16-byte chunk swizzled (address bits 4-6 ^= bits 7-9); thread (w, g, t) holds D
 // element i at row 16w + g + 8((i%4)/2), column 8(i/4) + 2t + i%2.
-template <int ACC_N>
-inline void wgmma_emulated(float (&d)[ACC_N], const u32 (&a)[4], unsigned long long desc, bool bf16) {
-    constexpr int NCOLS = 2 * ACC_N;  // ACC_N = 64 x N / 128 threads
+template <bool BF16>
+inline void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[4], unsigned long long desc) {
     const int me = threadIdx.x % 128, base = threadIdx.x - me, w = me / 32, g = me % 32 / 4, t = me % 4;
     auto& mine = i4emu::block->slots[threadIdx.x];
     for (int i = 0; i < 4; ++i) mine[i] = a[i];
     i4emu::group_barrier().arrive_and_wait();
-    auto val = [&](u32 word, int half) { return bf16 ? bf_val(word >> (16 * half)) : h_val(word >> (16 * half)); };
+    auto val = [](u32 word, int half) { return BF16 ? bf_val(word >> (16 * half)) : h_val(word >> (16 * half)); };
     auto A = [&](int r, int k) {  // r within the warp's 16 rows
         return val(i4emu::block->slots[base + 32 * w + 4 * (r % 8) + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2);
     };
@@ -369,16 +363,15 @@ inline void wgmma_emulated(float (&d)[ACC_N], const u32 (&a)[4], unsigned long l
     double arow[2][16];
     for (int h = 0; h < 2; ++h)
         for (int k = 0; k < 16; ++k) arow[h][k] = A(g + 8 * h, k);
-    float out[ACC_N];
-    for (int i = 0; i < ACC_N; ++i) {
+    float out[64];
+    for (int i = 0; i < 64; ++i) {
         const int n = 8 * (i / 4) + 2 * t + i % 2;
-        static_assert(NCOLS % 8 == 0);
         double sum = d[i];
         for (int k = 0; k < 16; ++k) sum += arow[(i % 4) / 2][k] * B(n, k);
         out[i] = (float)sum;
     }
     i4emu::group_barrier().arrive_and_wait();
-    for (int i = 0; i < ACC_N; ++i) d[i] = out[i];
+    for (int i = 0; i < 64; ++i) d[i] = out[i];
 }
 
 // -- the dot products of the simt kernel (both vendors' forms) ---------------------------------

@@ -158,3 +158,87 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 #define I4_GRID_WAIT()
 #define I4_GRID_LAUNCH_DEPENDENTS()
 #endif
+
+// -- Hopper's asynchronous units (sm_90a; the prefill GEMM, gemm_sm90.hip) -------------------
+// The block's dynamic shared memory (the launch gives its size).
+#define DYNAMIC_SMEM(name) extern __shared__ __align__(1024) unsigned char name[]
+// mbarriers (shared::cta, 64-bit) and the bulk copy that completes one.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {  // the inits seen by the async proxy
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile("{\n.reg .pred done;\nwait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+// Arrive on mbarrier bar, which then expects `bytes` more (bulk copies complete them).
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// `bytes` from global src into shared dst, counted on mbarrier bar.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// The same into dst of every block of the cluster in `mask`, counted on each one's mbarrier bar.
+__device__ __forceinline__ void bulk_copy_multicast(u32 dst, const void* src, u32 bytes, u32 bar, u16 mask) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1], %2, [%3], %4;" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
+}
+// Arrive on mbarrier bar of block `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank) {
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+// The partial sums' flags: released by the writing block, acquired by the one that adds them.
+__device__ __forceinline__ void flag_raise(unsigned* f) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(f), "r"(1u) : "memory");
+}
+__device__ __forceinline__ void flag_wait(const unsigned* f) {
+    unsigned v;
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+        if (v) break;
+        __nanosleep(64);
+    }
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory"); }
+// Pin a register to this point: the asynchronous wgmma reads A and writes D behind the
+// compiler's back, so neither may be moved across the wait.
+__device__ __forceinline__ void keep(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+__device__ __forceinline__ void keep(u32 (&a)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        asm volatile("" : "+r"(a[j][0]), "+r"(a[j][1]), "+r"(a[j][2]), "+r"(a[j][3])::"memory");
+}
+// wgmma (Hopper's warpgroup MMA, sm_90a): D (64 x 128 tokens, fp32, 64 registers a thread) +=
+// A (64 x 16, 4 registers a thread) * B (16 x 128, shared memory by its descriptor), f16 or bf16.
+#define I4_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define I4_D16(i) I4_D4(i), I4_D4(i + 4), I4_D4(i + 8), I4_D4(i + 12)
+#define I4_WGMMA_N128(type) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " " \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}" \
+                 : I4_D16(0), I4_D16(16), I4_D16(32), I4_D16(48) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[4], unsigned long long desc) {
+    if constexpr (BF16) {
+        I4_WGMMA_N128("bf16");
+    } else {
+        I4_WGMMA_N128("f16");
+    }
+}
