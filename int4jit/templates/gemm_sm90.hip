@@ -100,7 +100,6 @@ __device__ __forceinline__ unsigned long long smem_desc(u32 addr) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
-
 // -- A fragments ------------------------------------------------------------------------------
 // The zero point as the words that turn (1024 + q) / (1024 + 16q) pairs into q - z (fp16), or
 // -(128 + z) for the (128 + q) pairs (bf16).
