@@ -192,7 +192,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     long long tail = u, tail_end = u % STEPS ? min(u_end, (u / STEPS + 1) * STEPS) : u;
     u = tail_end;
     float4* const partial = (float4*)((const char*)x + token_tiles * STEPS * (long long)STAGE_BYTES);
-    unsigned* const flags = (unsigned*)((char*)partial + gridDim.x * PARTIAL_BYTES);
+    unsigned* const flags = (unsigned*)((char*)partial + G * CLUSTER * PARTIAL_BYTES);
     unsigned long long n0 = 0;
     for (;;) {  // a segment [sb, se) of a tile's steps
         long long tile;
