@@ -55,8 +55,6 @@ def unavailable() -> str | None:
 
 
 def cluster_size(spec: KernelSpec) -> int:
-    if spec.kernel == "gemm":
-        return int(spec.param("CLUSTER"))
     return spec.variant.kcluster if spec.kernel == "tc" else 1
 
 

@@ -429,7 +429,6 @@ def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -
 # stage). Measured on an H100 against 64-token tiles and 3 or 6 stages (docs/performance.md).
 GEMM_ARCHS = {"sm_90": "sm_90a", "sm_90a": "sm_90a"}
 GEMM_ROWS, GEMM_TOKENS, GEMM_STAGES = 128, 128, 4
-GEMM_CLUSTER = 1  # blocks of a cluster sharing each x' stage (TMA multicast); 2 and 4 not yet measured
 GEMM_BLOCK = 2 * GEMM_ROWS  # a warpgroup (128 threads) for each 64 rows
 GEMM_PARTIAL_BYTES = GEMM_BLOCK * GEMM_TOKENS // 2 * 4  # a block's fp32 D: its slot of the partial sums
 
@@ -450,26 +449,15 @@ def gemm_unsupported(shape: GemvShape, arch: str) -> str | None:
     return None
 
 
-def gemm_cluster(shape: GemvShape, sm_count: int, cluster: int = GEMM_CLUSTER) -> int:
-    """Blocks of a cluster sharing each x' stage: `cluster` where N holds whole clusters of row
-    tiles and the SMs whole clusters, else 1."""
-    return cluster if shape.N % (GEMM_ROWS * cluster) == 0 and sm_count % cluster == 0 else 1
-
-
-def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int, cluster: int = GEMM_CLUSTER) -> KernelSpec:
+def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
     """templates/gemm_sm90.hip: y [T, N] = x [T, K] @ dequant(w)^T for any T (a runtime argument;
     a persistent grid of one block an SM) from x' (make_xperm_spec), the int4 weights read by
-    the product itself; clusters of `cluster` blocks (x' multicast) where gemm_cluster allows.
-    NotImplementedError where gemm_unsupported says why."""
+    the product itself. NotImplementedError where gemm_unsupported says why."""
     why = gemm_unsupported(shape, arch)
     if why:
         raise NotImplementedError(why)
-    if cluster not in (1, 2, 4):
-        raise ValueError(f"the GEMM's cluster is 1, 2 or 4 blocks; got {cluster}")
-    cluster = gemm_cluster(shape, sm_count, cluster)
     params = (("TOK", GEMM_TOKENS), ("WGS", GEMM_ROWS // 64), ("STAGES", GEMM_STAGES), *_dtype_params(shape),
-              ("PARTIAL_BYTES", GEMM_PARTIAL_BYTES), ("CLUSTER", cluster),
-              ("CLUSTER_DIMS", f"__cluster_dims__({cluster}, 1, 1)" if cluster > 1 else ""))
+              ("PARTIAL_BYTES", GEMM_PARTIAL_BYTES))
     smem = GEMM_STAGES * GEMM_TOKENS * 256 + 1024 + 16 * GEMM_STAGES  # ring, its alignment, the mbarriers
     return KernelSpec(replace(shape, M=1), GEMM_ARCHS[arch], "gemm", LaunchConfig(GEMM_BLOCK, 2), SIMT_VARIANT,
                       params, sm_count, GEMM_BLOCK, False, rows_per_block=GEMM_ROWS, k_efficiency=1.0,

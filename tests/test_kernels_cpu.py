@@ -299,10 +299,10 @@ def test_a_wrong_x_layout_fails(monkeypatch):
     assert not np.array_equal(lay_out(spec, x, out, 130), xperm_reference(x, 130, 256))
 
 
-def prefill(N, K, tokens, sms, dtype="float16", symmetric=False, group=128, scale_dtype=None, cluster=1, seed=0):
+def prefill(N, K, tokens, sms, dtype="float16", symmetric=False, group=128, scale_dtype=None, seed=0):
     """The prefill GEMM on the CPU as GemvWeights.matmul runs it (the x layout kernel into a
-    poisoned workspace, then the GEMM on a grid of `sms` blocks, clusters of `cluster`, into a
-    poisoned y): (y, its float64 reference, the error floor of its outputs)."""
+    poisoned workspace, then the GEMM on a grid of `sms` blocks into a poisoned y): (y, its
+    float64 reference, the error floor of its outputs)."""
     from int4jit.spec import make_gemm_spec, make_xperm_spec
     shape = GemvShape(N, K, group, symmetric, dtype=dtype, scale_dtype=scale_dtype or dtype)
     _, _, w, scales, s_ref, zeros = problem(make_spec(shape, "sm_90", "simt", LaunchConfig(128, 4)), seed)
@@ -312,58 +312,48 @@ def prefill(N, K, tokens, sms, dtype="float16", symmetric=False, group=128, scal
     emu.run(make_xperm_spec(shape, "sm_90", sms), x_words, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None,
             workspace, tokens=tokens)
     out = np.full((tokens, N), 0x7FC0, np.uint16)  # NaN in fp16 and in bf16
-    spec = make_gemm_spec(shape, "sm_90", sms, cluster=cluster)
-    assert spec.param("CLUSTER") == cluster
-    emu.run(spec, workspace, w, scales, zeros, out, tokens=tokens)
+    emu.run(make_gemm_spec(shape, "sm_90", sms), workspace, w, scales, zeros, out, tokens=tokens)
     y = bf16_values(out) if dtype == "bfloat16" else out.view(np.float16)
     return y, int4jit.reference_gemv(x_ref, w, s_ref, zeros), few_outputs_floor(x_ref, w, s_ref, zeros)
 
 
-# (N, K, tokens, SMs, dtype, symmetric, group, scale dtype, cluster): whole waves then stream-K (16
-# tiles on 3 SMs), stream-K only with tiles cut three ways (9 tiles of 4 steps on 5), one wave (4
-# tiles on 5), one token, a partial token tile, bf16 with fp16 scales, symmetric, group 32; and
-# clusters of 2 and 4 sharing x' (the same splits over clusters: 8 cluster tiles on 3 clusters,
-# 6 on 2, 2 on 1, one token).
-PREFILL = [(1024, 256, 256, 3, "float16", False, 128, None, 1), (384, 512, 300, 5, "float16", True, 128, None, 1),
-           (256, 256, 200, 5, "bfloat16", False, 32, "float16", 1), (256, 1024, 1, 7, "bfloat16", True, 128, None, 1),
-           (128, 384, 129, 1, "float16", False, 64, None, 1),
-           (1024, 256, 256, 6, "float16", False, 128, None, 2), (768, 512, 300, 4, "bfloat16", True, 32, None, 2),
-           (1024, 384, 200, 4, "float16", False, 128, "bfloat16", 4), (512, 256, 1, 8, "bfloat16", False, 64, None, 4)]
+# (N, K, tokens, SMs, dtype, symmetric, group, scale dtype): whole waves then stream-K (16 tiles on
+# 3 SMs), stream-K only with tiles cut three ways (9 tiles of 4 steps on 5), one wave (4 tiles on
+# 5), one token, a partial token tile, bf16 with fp16 scales, symmetric, group 32 and 64.
+PREFILL = [(1024, 256, 256, 3, "float16", False, 128, None), (384, 512, 300, 5, "float16", True, 128, None),
+           (256, 256, 200, 5, "bfloat16", False, 32, "float16"), (256, 1024, 1, 7, "bfloat16", True, 128, None),
+           (128, 384, 129, 1, "float16", False, 64, None)]
 
 
-@pytest.mark.parametrize("N,K,tokens,sms,dtype,symmetric,group,scale_dtype,cluster", PREFILL)
-def test_prefill_gemm(N, K, tokens, sms, dtype, symmetric, group, scale_dtype, cluster):
+@pytest.mark.parametrize("N,K,tokens,sms,dtype,symmetric,group,scale_dtype", PREFILL)
+def test_prefill_gemm(N, K, tokens, sms, dtype, symmetric, group, scale_dtype):
     """templates/gemm_sm90.hip on x' from templates/xperm.hip against the float64 reference:
     its work split (whole waves, stream-K, the partial sums added by the tile's last block), the
-    A fragments made from the int4 weights, the x' ring (multicast to a cluster's blocks),
-    partial token tiles."""
+    A fragments made from the int4 weights, the x' ring, partial token tiles."""
     if emu.unavailable():
         pytest.skip(emu.unavailable())
-    y, ref, floor = prefill(N, K, tokens, sms, dtype, symmetric, group, scale_dtype, cluster)
+    y, ref, floor = prefill(N, K, tokens, sms, dtype, symmetric, group, scale_dtype)
     assert rel_error(y, ref, floor) <= TOL[dtype]
 
 
-# A GEMM that drops one of a cut tile's partial sums, waits for a flag no block before it raises
-# (on a GPU: a hang), or puts a cluster's blocks on one row tile: what each does to the template,
-# the cluster it runs with, and the error it meets.
-BROKEN_GEMM = {"a partial sum dropped": ("acc[i] += v.x;", "", 1, "relative error"),
-               "a wait on its own flag": ("flag_wait(flags + theirs_block);", "flag_wait(flags + blockIdx.x);", 1,
-                                          "waits for a flag no earlier block raised"),
-               "a cluster on one row tile": ("tile / token_tiles * CLUSTER + rank", "tile / token_tiles * CLUSTER", 2,
-                                             "relative error")}
+# A GEMM that drops one of a cut tile's partial sums, or waits for a flag no block before it
+# raises (on a GPU: a hang): what each does to the template, and the error it meets.
+BROKEN_GEMM = {"a partial sum dropped": ("acc[i] += v.x;", "", "relative error"),
+               "a wait on its own flag": ("flag_wait(flags + b);", "flag_wait(flags + blockIdx.x);",
+                                          "waits for a flag no earlier block raised")}
 
 
 @pytest.mark.parametrize("what", BROKEN_GEMM)
 def test_a_wrong_prefill_gemm_fails(monkeypatch, what):
     if emu.unavailable():
         pytest.skip(emu.unavailable())
-    old, new, cluster, error = BROKEN_GEMM[what]
+    old, new, error = BROKEN_GEMM[what]
     text = spec_mod.read_template("gemm_sm90.hip")
     assert old in text
     monkeypatch.setattr(emu, "read_template", lambda n: text.replace(old, new) if n == "gemm_sm90.hip"
                         else spec_mod.read_template(n))
     with pytest.raises((RuntimeError, AssertionError), match=error):
-        y, ref, floor = prefill(768, 512, 300, 4, cluster=cluster)
+        y, ref, floor = prefill(768, 512, 300, 4)
         err = rel_error(y, ref, floor)
         assert err <= TOL["float16"], f"relative error {err:.1e}"
 

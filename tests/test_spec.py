@@ -335,15 +335,7 @@ def test_gemm_specs_say_what_they_cannot_serve():
     g, x = make_gemm_spec(ok, "sm_90", 132), make_xperm_spec(ok, "sm_90", 132)
     assert g.arch == x.arch == "sm_90a" and g.grid == 132 and g.block == 256
     assert g.smem > 48 * 1024 and g.canonical()["smem"] == g.smem and "smem" not in x.canonical()
-    assert g.param("BF16") == "true" and g.shape.M == 1 and g.param("CLUSTER") == 1 and not g.param("CLUSTER_DIMS")
-    two = make_gemm_spec(ok, "sm_90", 132, cluster=2)  # x' multicast to clusters of 2 blocks
-    assert two.param("CLUSTER") == 2 and "__cluster_dims__(2, 1, 1)" in two.param("CLUSTER_DIMS") and two.grid == 132
-    assert two.key() != g.key()
-    # clusters only of whole row tile pairs and whole SM pairs; 1, 2 or 4 blocks
-    assert make_gemm_spec(GemvShape(384, 4096, 128, False), "sm_90", 132, cluster=2).param("CLUSTER") == 1
-    assert make_gemm_spec(ok, "sm_90", 131, cluster=2).param("CLUSTER") == 1
-    with pytest.raises(ValueError, match="1, 2 or 4 blocks; got 3"):
-        make_gemm_spec(ok, "sm_90", 132, cluster=3)
+    assert g.param("BF16") == "true" and g.shape.M == 1
     assert make_gemm_spec(replace(ok, dtype="float16"), "sm_90", 132).key() != g.key()
     for shape, arch, said in ((ok, "sm_80", "needs Hopper"), (GemvShape(200, 4096, 128, False), "sm_90", "N=200"),
                               (GemvShape(256, 4160, 32, False), "sm_90", "K=4160"),

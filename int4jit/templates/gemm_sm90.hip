@@ -43,16 +43,6 @@
 //   - per half step, four wgmma (A from registers, B from shared memory); the next half step's A
 //     is made while they run.
 // Epilogue: D to y (tokens past `tokens` are not stored), or to the partial sums.
-//
-// Clusters (CLUSTER > 1; every row tile reads the whole x' of its token tile, so x' is most of
-// what the GEMM reads from L2): a cluster's blocks take CLUSTER adjacent row tiles of one token
-// tile and walk the same steps; the work above is split between clusters (G of them, as blocks
-// are without), block `rank` of a cluster taking row tile CLUSTER rt + rank of cluster tile rt.
-// Each block's thread 0 copies its 1/CLUSTER slice of a stage into every block of the cluster
-// (multicast), so a stage's `full` expects STAGE_BYTES from CLUSTER copies, and a stage is free
-// once every block's warpgroups have released it (each arrives on every block's `empty`).
-// A tile's partial sums are per block, and block `rank` adds those of block `rank` of the
-// earlier clusters.
 
 constexpr long long N = ${N};
 constexpr int K = ${K};
@@ -63,14 +53,12 @@ constexpr bool SCALE_BF16 = ${SCALE_BF16};
 constexpr int TOK = ${TOK};               // tokens a tile (wgmma N)
 constexpr int WGS = ${WGS};               // warpgroups a block (64 rows each)
 constexpr int STAGES = ${STAGES};         // x' ring depth
-constexpr int CLUSTER = ${CLUSTER};       // blocks of a cluster: adjacent row tiles, each x' stage multicast to all
 constexpr int PREFETCH = 2;
 constexpr int BS = 128 * WGS;
 constexpr int ROWS = 64 * WGS;
 constexpr int STEPS = K / 128;
 constexpr int NG = K / GROUP;
 constexpr long long ROW_TILES = N / ROWS;
-constexpr long long CLUSTER_ROW_TILES = ROW_TILES / CLUSTER;  // a cluster's tile: CLUSTER row tiles by TOK tokens
 constexpr int HALF_BYTES = TOK * 128;     // one 64-k half of a stage: TOK rows of 128 bytes
 constexpr int STAGE_BYTES = 2 * HALF_BYTES;
 constexpr int ACC = TOK / 2;              // fp32 accumulators a thread
@@ -83,8 +71,7 @@ constexpr u32 BF2_ONES = 0x3F803F80u;
 
 static_assert(K % 128 == 0, "the GEMM walks K in steps of 128");
 static_assert(GROUP % 32 == 0, "a lane's 32 k of a step lie in one group");
-static_assert(N % (ROWS * CLUSTER) == 0, "whole row tiles, whole clusters of them");
-static_assert(STAGE_BYTES % (16 * CLUSTER) == 0, "a block's slice of a stage: whole 16-byte pieces");
+static_assert(N % ROWS == 0, "whole row tiles");
 static_assert(TOK == 128, "wgmma m64n128k16 (prelude): 128 tokens a tile");
 static_assert(STAGES >= 3, "the ring holds the step in use, the one before (still read) and one in flight");
 
@@ -154,7 +141,7 @@ __device__ __forceinline__ void make_a(const StepWeights& sw, int half, u32 (&a)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BS, 1) ${CLUSTER_DIMS}
+extern "C" __global__ void __launch_bounds__(BS, 1)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_RESTRICT scales,
                const u8* I4_RESTRICT zeros, u16* I4_RESTRICT y, long long tokens) {
     DYNAMIC_SMEM(smem_raw);
@@ -165,34 +152,29 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const long long token_tiles = (tokens + TOK - 1) / TOK;
-    const long long tiles = CLUSTER_ROW_TILES * token_tiles;
+    const long long tiles = ROW_TILES * token_tiles;
     if (tid == 0) {
 #pragma unroll
         for (int k = 0; k < STAGES; ++k) {
             mbar_init(full_bar + 8 * k, 1);
-            mbar_init(empty_bar + 8 * k, WGS * CLUSTER);
+            mbar_init(empty_bar + 8 * k, WGS);
         }
         mbar_init_fence();
     }
-    if constexpr (CLUSTER > 1) {
-        cluster_sync();  // every block's mbarriers are ready before any copy into it or arrive on them
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();
 
     // Steps are counted over the block's segments: its n-th step uses stage n % STAGES for the
     // (n / STAGES)-th time, which is the parity its mbarriers are waited on with.
-    const long long G = gridDim.x / CLUSTER, cb = blockIdx.x / CLUSTER;  // clusters; this block's
-    const int rank = (int)(blockIdx.x % CLUSTER);
+    const long long G = gridDim.x;
     const long long dp_tiles = tiles > G ? tiles - G - tiles % G : 4 * tiles >= 3 * G ? tiles : 0;
     const long long sk_units = (tiles - dp_tiles) * STEPS;
     auto first_unit = [&](long long b) { return dp_tiles * STEPS + b * sk_units / G; };
-    long long dp_tile = cb, u = first_unit(cb), u_end = first_unit(cb + 1);
+    long long dp_tile = blockIdx.x, u = first_unit(blockIdx.x), u_end = first_unit(blockIdx.x + 1);
     // Where the range starts inside a tile, that first segment waits for earlier blocks: it goes last.
     long long tail = u, tail_end = u % STEPS ? min(u_end, (u / STEPS + 1) * STEPS) : u;
     u = tail_end;
     float4* const partial = (float4*)((const char*)x + token_tiles * STEPS * (long long)STAGE_BYTES);
-    unsigned* const flags = (unsigned*)((char*)partial + G * CLUSTER * PARTIAL_BYTES);
+    unsigned* const flags = (unsigned*)((char*)partial + G * PARTIAL_BYTES);
     unsigned long long n0 = 0;
     for (;;) {  // a segment [sb, se) of a tile's steps
         long long tile;
@@ -215,7 +197,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
         }
         const long long nb = (long long)n0 - sb;  // step s of this segment is the block's step nb + s
         n0 += se - sb;
-        const long long rt = tile / token_tiles * CLUSTER + rank, tt = tile % token_tiles, tok0 = tt * TOK;
+        const long long rt = tile / token_tiles, tt = tile % token_tiles, tok0 = tt * TOK;
         const long long row0 = rt * ROWS + wg * 64 + warp * 16 + g;  // and row0 + 8
         const char* xtile = (const char*)x + tt * (long long)(STEPS * STAGE_BYTES);
 
@@ -224,26 +206,11 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
             const unsigned long long n = nb + s;
             const u32 k = (u32)(n % STAGES);
             if (n >= STAGES) mbar_wait(empty_bar + 8 * k, (u32)((n / STAGES - 1) & 1));
-            mbar_expect(full_bar + 8 * k, STAGE_BYTES);
-            if constexpr (CLUSTER > 1) {
-                constexpr u32 SLICE = STAGE_BYTES / CLUSTER;
-                bulk_copy_multicast(ring + k * STAGE_BYTES + rank * SLICE, xtile + (long long)s * STAGE_BYTES + rank * SLICE,
-                                    SLICE, full_bar + 8 * k, (u16)((1u << CLUSTER) - 1));
-            } else {
-                bulk_copy(ring + k * STAGE_BYTES, xtile + (long long)s * STAGE_BYTES, STAGE_BYTES, full_bar + 8 * k);
-            }
+            bulk_copy(ring + k * STAGE_BYTES, xtile + (long long)s * STAGE_BYTES, STAGE_BYTES, full_bar + 8 * k);
         };
-        // A warpgroup is done with step s: one lane of it says so (to every block of the cluster).
+        // A warpgroup is done with step s: one lane of it says so.
         auto release = [&](int s) {
-            const u32 bar = empty_bar + 8 * (u32)((nb + s) % STAGES);
-            if (tid % 128 == 0) {
-                if constexpr (CLUSTER > 1) {
-#pragma unroll
-                    for (int c = 0; c < CLUSTER; ++c) mbar_arrive_remote(bar, c);
-                } else {
-                    mbar_arrive(bar);
-                }
-            }
+            if (tid % 128 == 0) mbar_arrive(empty_bar + 8 * (u32)((nb + s) % STAGES));
         };
         auto wait_full = [&](int s) {
             const unsigned long long n = nb + s;
@@ -329,12 +296,11 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
         }
         if (sb > 0) {  // the tile's last steps: the earlier blocks whose ranges end inside it hold the rest
             const long long tile_begin = tile * STEPS;
-            for (long long b = cb - 1; b >= 0 && first_unit(b + 1) > tile_begin; --b) {
+            for (long long b = blockIdx.x - 1; b >= 0 && first_unit(b + 1) > tile_begin; --b) {
                 if (first_unit(b) == first_unit(b + 1)) continue;  // no units, no partial
-                const long long theirs_block = b * CLUSTER + rank;
-                if (tid == 0) flag_wait(flags + theirs_block);
+                if (tid == 0) flag_wait(flags + b);
                 __syncthreads();
-                const float4* theirs = partial + theirs_block * (PARTIAL_BYTES / 16) + tid;
+                const float4* theirs = partial + b * (PARTIAL_BYTES / 16) + tid;
 #pragma unroll
                 for (int i = 0; i < ACC; i += 4) {
                     const float4 v = __ldcg(theirs + (i / 4) * BS);
@@ -352,6 +318,4 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
             if (tok < tokens) y[tok * N + row0 + 8 * ((i % 4) / 2)] = out_h(acc[i]);
         }
     }
-    // No block exits while another may still copy into its shared memory or arrive on its mbarriers.
-    if constexpr (CLUSTER > 1) cluster_sync();
 }

@@ -265,7 +265,7 @@ inline void cluster_wait() { i4emu::cluster->wait(std::move(*i4emu::cluster_arri
 inline u32 smem_address(const void* p) { return (u32)((const char*)p - i4emu::dynamic_smem[i4emu::rank]); }
 inline char* smem_pointer(u32 a) { return i4emu::dynamic_smem[i4emu::rank] + a; }
 namespace i4emu {
-// Under block b's mbarrier lock: the phase completes once nothing is pending.
+// Under the block's mbarrier lock: the phase completes once nothing is pending.
 inline void mbar_settle(Mbarrier& m, Block& b = *block) {
     if (m.pending == 0 && m.tx == 0) {
         m.phase ^= 1u;
@@ -298,33 +298,18 @@ inline void mbar_wait(u32 bar, u32 parity) {  // until the phase of that parity 
     auto& m = i4emu::mbarrier(bar);
     i4emu::block->mbar_done.wait(hold, [&] { return m.phase != parity; });
 }
-inline void mbar_expect(u32 bar, u32 bytes) {  // arrive.expect_tx
+inline void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    {
+        std::lock_guard<std::mutex> hold(i4emu::block->mbar_lock);
+        auto& m = i4emu::mbarrier(bar);
+        m.tx += bytes;  // arrive.expect_tx
+        --m.pending;
+    }
+    std::memcpy(smem_pointer(dst), src, bytes);
     std::lock_guard<std::mutex> hold(i4emu::block->mbar_lock);
     auto& m = i4emu::mbarrier(bar);
-    m.tx += bytes;
-    --m.pending;
+    m.tx -= bytes;  // complete_tx
     i4emu::mbar_settle(m);
-}
-inline void mbar_arrive_remote(u32 bar, u32 rank) {  // on block `rank` of the cluster
-    i4emu::Block& b = *i4emu::blocks[rank];
-    std::lock_guard<std::mutex> hold(b.mbar_lock);
-    auto& m = i4emu::mbarrier(bar, b);
-    --m.pending;
-    i4emu::mbar_settle(m, b);
-}
-inline void bulk_copy_multicast(u32 dst, const void* src, u32 bytes, u32 bar, u16 mask) {
-    for (u32 r = 0; r < i4emu::blocks.size(); ++r) {
-        if (!(mask >> r & 1u)) continue;
-        i4emu::Block& b = *i4emu::blocks[r];
-        std::memcpy(i4emu::dynamic_smem[r] + dst, src, bytes);
-        std::lock_guard<std::mutex> hold(b.mbar_lock);
-        auto& m = i4emu::mbarrier(bar, b);
-        m.tx -= bytes;  // complete_tx (before the block's own expect_tx, it goes below zero)
-        i4emu::mbar_settle(m, b);
-    }
-}
-inline void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-    bulk_copy_multicast(dst, src, bytes, bar, (u16)(1u << i4emu::rank));
 }
 inline void flag_raise(unsigned* f) { __atomic_store_n(f, 1u, __ATOMIC_RELEASE); }
 inline void flag_wait(const unsigned* f) {

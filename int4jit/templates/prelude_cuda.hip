@@ -177,25 +177,11 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                  "@!done bra wait_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
 }
-// Arrive on mbarrier bar, which then expects `bytes` more (bulk copies complete them).
-__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// `bytes` from global src into shared dst, counted on mbarrier bar.
+// `bytes` from global src into shared dst, counted on mbarrier bar (which expects them).
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-// The same into dst of every block of the cluster in `mask`, counted on each one's mbarrier bar.
-__device__ __forceinline__ void bulk_copy_multicast(u32 dst, const void* src, u32 bytes, u32 bar, u16 mask) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1], %2, [%3], %4;" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
-}
-// Arrive on mbarrier bar of block `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_remote(u32 bar, u32 rank) {
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 // The partial sums' flags: released by the writing block, acquired by the one that adds them.
 __device__ __forceinline__ void flag_raise(unsigned* f) {
