@@ -185,7 +185,7 @@ def test_fused_layers_on_the_gpu_eager_captured_and_as_prefill(dtype):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     torch.manual_seed(0)
-    block = Block(512, 128, 1024).to("cuda", dtype)
+    block = Block(512, 256, 1024).to("cuda", dtype)  # k and v of 256: q * [k, v]
     ref = quantize_model(copy.deepcopy(block), group_size=128, fuse=False)
     fused = quantize_model(block, group_size=128)
     with torch.no_grad():
