@@ -435,9 +435,10 @@ class GemvWeights:
         """out [..., N] = x [..., K] @ W^T for a prompt of any number of tokens T on Hopper (sm_90):
         x laid out for the GEMM in a workspace (templates/xperm.hip), then the GEMM that reads the
         int4 weights itself (templates/gemm_sm90.hip: the last waves' tiles, or too few tiles to
-        fill the SMs, cut between them so all end together), on torch's current stream; no dense
-        copy of the weight. x and out: contiguous float16 or bfloat16 tensors of T x K and T x N
-        elements on the layer's device, checked by the caller as __call__ checks x.
+        fill the SMs, cut between them so all end together; with PDL it starts while the first
+        drains), on torch's current stream; no dense copy of the weight. x and out: contiguous
+        float16 or bfloat16 tensors of T x K and T x N elements on the layer's device, checked by
+        the caller as __call__ checks x.
         NotImplementedError where gemm_unsupported says why."""
         launches = self._gemm_launches.get(x.dtype)
         if launches is None:
@@ -445,8 +446,9 @@ class GemvWeights:
             if why:
                 raise NotImplementedError(why)
             shape, arch, sms = self._shape_for(x.dtype), self.device.arch, self.device.sm_count
+            pdl = read_env().pdl and self.device.supports_overlap  # INT4JIT_PDL, read at the first prompt
             launches = self._gemm_launches[x.dtype] = (load(self.device, make_xperm_spec(shape, arch, sms)).launch_packed,
-                                                       load(self.device, make_gemm_spec(shape, arch, sms)).launch_packed)
+                                                       load(self.device, make_gemm_spec(shape, arch, sms, pdl)).launch_packed)
         T = x.numel() // self.K
         if x.data_ptr() & 15:  # as launch_shaped: x is read in 16-byte loads
             validate_x(x.reshape(T, self.K)[:MAX_TOKENS], self.K, self.device_index)

@@ -295,7 +295,7 @@ def _launched_specs(p, shape: GemvShape, arch: str, device, exhaustive) -> list:
              make_dequant_spec(shape, p.spec.arch, shape.dtype)]
     if gemm_unsupported(shape, arch) is None:
         sms = device.sm_count if device is not None else KNOWN_TARGETS[arch][0]
-        specs += [make_xperm_spec(shape, arch, sms), make_gemm_spec(shape, arch, sms)]
+        specs += [make_xperm_spec(shape, arch, sms), make_gemm_spec(shape, arch, sms, p.spec.pdl)]  # PDL as the plan's
     return specs
 
 

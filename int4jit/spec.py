@@ -449,10 +449,12 @@ def gemm_unsupported(shape: GemvShape, arch: str) -> str | None:
     return None
 
 
-def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
+def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int, pdl: bool = True) -> KernelSpec:
     """templates/gemm_sm90.hip: y [T, N] = x [T, K] @ dequant(w)^T for any T (a runtime argument;
     a persistent grid of one block an SM) from x' (make_xperm_spec), the int4 weights read by
-    the product itself. NotImplementedError where gemm_unsupported says why."""
+    the product itself. pdl: launched with programmatic dependent launch, so it starts while the
+    x layout kernel drains and loads its first weights before waiting for x' (the weights are
+    fixed: GemvWeights). NotImplementedError where gemm_unsupported says why."""
     why = gemm_unsupported(shape, arch)
     if why:
         raise NotImplementedError(why)
@@ -460,21 +462,25 @@ def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
               ("PARTIAL_BYTES", GEMM_PARTIAL_BYTES))
     smem = GEMM_STAGES * GEMM_TOKENS * 256 + 1024 + 16 * GEMM_STAGES  # ring, its alignment, the mbarriers
     return KernelSpec(replace(shape, M=1), GEMM_ARCHS[arch], "gemm", LaunchConfig(GEMM_BLOCK, 2), SIMT_VARIANT,
-                      params, sm_count, GEMM_BLOCK, False, rows_per_block=GEMM_ROWS, k_efficiency=1.0,
+                      params, sm_count, GEMM_BLOCK, pdl, rows_per_block=GEMM_ROWS, k_efficiency=1.0,
                       inflight_bytes=64, thread_bytes=32, regs=168, smem=smem)
 
 
 XPERM_BLOCK = 256
+# Blocks an SM: all of them resident at once (36 registers a thread fit 6 an SM), so the GEMM's
+# early launch (PDL, at this kernel's start) takes no room from a block still waiting for an SM.
+XPERM_BLOCKS_PER_SM = 4
 
 
 def make_xperm_spec(shape: GemvShape, arch: str, sm_count: int) -> KernelSpec:
     """templates/xperm.hip: x' [tiles of GEMM_TOKENS, K] for the GEMM (its shared-memory stages,
-    one bulk copy each), T a runtime argument; a grid-stride loop over a fixed grid."""
+    one bulk copy each), T a runtime argument; a grid-stride loop over a fixed grid. Launched
+    stream-ordered (its predecessor is any kernel); it lets the GEMM launch at its start."""
     why = gemm_unsupported(shape, arch)
     if why:
         raise NotImplementedError(why)
     key = GemvShape(1, shape.K, shape.group, shape.symmetric, dtype=shape.dtype)  # only K and the dtype matter
     return KernelSpec(key, GEMM_ARCHS[arch], "xperm", LaunchConfig(XPERM_BLOCK, 2), SIMT_VARIANT,
                       (("TOK", GEMM_TOKENS), ("GEMM_GRID", sm_count), ("PARTIAL_BYTES", GEMM_PARTIAL_BYTES)),
-                      8 * sm_count, XPERM_BLOCK, False, rows_per_block=0,
+                      XPERM_BLOCKS_PER_SM * sm_count, XPERM_BLOCK, False, rows_per_block=0,
                       k_efficiency=1.0, inflight_bytes=64, thread_bytes=64, regs=32)

@@ -172,20 +172,56 @@ SPECS = [
 DEQUANT = [(GemvShape(4096, 4096, 128, False), "float16"), (GemvShape(4097, 4160, 32, True), "bfloat16")]
 
 
-# Kernels launched without PDL (stream-ordered: they start once the previous grid is done), so
-# they need no wait; the prefill GEMM and its x layout kernel.
-NOT_PDL = ("gemm", "xperm")
+# The prefill GEMM and its x layout kernel: tested below as a pair.
+PREFILL = ("gemm", "xperm")
 
 
 def test_every_shipped_template_is_covered():
-    assert {k for k, *_ in SPECS} | {"dequant", *NOT_PDL} == set(TEMPLATE_OF)
+    assert {k for k, *_ in SPECS} | {"dequant", *PREFILL} == set(TEMPLATE_OF)
 
 
-def test_the_prefill_gemm_is_launched_without_pdl():
+def gemm_reads_before_wait(spec) -> set:
+    """What the GEMM reads or writes in global memory, other than its weights (16-byte no_allocate
+    loads), scales and zero points (narrower), on some path before griddepcontrol.wait."""
+    before = [s.split()[0] for s in before_wait(ptx(spec)) if reaches_global_memory(s)]
+    assert any(op.startswith("ld.global.nc.L1::no_allocate") and op.endswith(".v4.u32") for op in before), \
+        "no weight load before the wait"
+    return {op for op in before if not re.fullmatch(r"ld\.global\.nc(\.L1::no_allocate\.v4\.u32|\.u8|\.u16)", op)
+            and not op.startswith("mbarrier.init.shared")}
+
+
+@pytest.mark.parametrize("dtype,symmetric", [("float16", False), ("bfloat16", True)])
+def test_the_prefill_gemm_loads_only_weights_before_waiting_for_the_x_layout(dtype, symmetric):
+    """The x layout kernel runs stream-ordered and lets the GEMM launch at its start; the GEMM
+    (PDL) reads only its fixed weights, scales and zero points before griddepcontrol.wait: x' and
+    the flags (the layout kernel's writes), the partial sums and every store come after it."""
     from int4jit.spec import make_gemm_spec, make_xperm_spec
-    shape = GemvShape(14336, 4096, 128, False)
-    specs = [make_gemm_spec(shape, "sm_90", 132), make_xperm_spec(shape, "sm_90", 132)]
-    assert sorted(s.kernel for s in specs) == sorted(NOT_PDL) and not any(s.pdl for s in specs)
+    shape = GemvShape(14336, 4096, 128, symmetric, dtype=dtype)
+    gemm, xperm = make_gemm_spec(shape, "sm_90", 132), make_xperm_spec(shape, "sm_90", 132)
+    assert gemm.pdl and not xperm.pdl
+    assert not make_gemm_spec(shape, "sm_90", 132, pdl=False).pdl
+    lay = instructions(ptx(xperm))
+    first_memory = next(i for i, s in enumerate(lay) if reaches_global_memory(s))
+    launches = [i for i, s in enumerate(lay) if s.startswith("griddepcontrol.launch_dependents")]
+    assert launches == [launches[0]] and launches[0] < first_memory
+    ins = instructions(ptx(gemm))
+    waits = [i for i, s in enumerate(ins) if s.startswith("griddepcontrol.wait")]
+    assert len(waits) == 1, f"griddepcontrol.wait {len(waits)} times"
+    assert not gemm_reads_before_wait(gemm)
+    assert any(s.startswith("cp.async.bulk") for s in ins) and any(s.startswith("st.global") for s in ins)
+
+
+def test_the_check_catches_a_bulk_copy_of_x_before_the_gemm_waits(monkeypatch):
+    from int4jit.spec import make_gemm_spec
+    real = compiler.render
+
+    def early_copy(s):
+        name, src = real(s)
+        assert src.count("I4_GRID_WAIT();") == 1
+        return name, src.replace("I4_GRID_WAIT();", "if (tid == 0) fill(sb); I4_GRID_WAIT();")
+    monkeypatch.setattr(compiler, "render", early_copy)
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in \
+        gemm_reads_before_wait(make_gemm_spec(GemvShape(4096, 4096, 128, False), "sm_90", 132))
 
 
 @pytest.mark.parametrize("shape,out", DEQUANT, ids=[f"{s.key()}-{o}" for s, o in DEQUANT])

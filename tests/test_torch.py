@@ -240,16 +240,17 @@ def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
     """GemvWeights.matmul (Int4Linear's prefill on Hopper): the x layout kernel writes a workspace
     of whole 128-token tiles, then the GEMM reads it with the layer's weights and writes out; both
     get the token count; the kernels are loaded once per dtype. The workspace is x' then, per SM,
-    a 64 KB slot of partial sums (256 threads x 64 fp32) and a 4-byte flag. Elsewhere: NotImplementedError
-    naming why. The GPU is stubbed."""
+    a 64 KB slot of partial sums (256 threads x 64 fp32) and a 4-byte flag. The GEMM launches with
+    PDL (INT4JIT_PDL=0: plainly), the layout kernel plainly. Elsewhere: NotImplementedError naming
+    why. The GPU is stubbed."""
     from int4jit import api
     mod = Int4Linear.from_linear(torch.nn.Linear(512, 256), group_size=128)
     layer = _stubbed_layer(mod)
-    layer.device.arch, layer.device.sm_count = "sm_90", 132
+    layer.device.arch, layer.device.sm_count, layer.device.supports_overlap = "sm_90", 132, True
     launches, loaded = [], []
 
     def fake_load(dev, spec):
-        loaded.append(spec.kernel)
+        loaded.append((spec.kernel, spec.pdl))
         run = lambda args, stream: launches.append((spec.kernel, list(args.values), stream))
         return type("K", (), {"launch_packed": staticmethod(run)})()
 
@@ -265,7 +266,12 @@ def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
         assert (k1, k2, s1, s2) == ("xperm", "gemm", 0x50, 0x50)
         assert a1[0] == x.data_ptr() and a1[5] == a2[5] == 300 and a2[0] == a1[4]
         assert a2[1:4] == [1, 2, 3] and a2[4] == out.data_ptr()
-    assert loaded == ["xperm", "gemm"] and workspaces[0] == (384 * 512 * 2 + 132 * (256 * 64 * 4 + 4)) // 2
+    assert loaded == [("xperm", False), ("gemm", True)]
+    assert workspaces[0] == (384 * 512 * 2 + 132 * (256 * 64 * 4 + 4)) // 2
+    monkeypatch.setenv("INT4JIT_PDL", "0")
+    layer._gemm_launches.clear()
+    layer.matmul(x.bfloat16(), out.bfloat16())
+    assert loaded[2:] == [("xperm", False), ("gemm", False)]
     layer.device.arch = "sm_80"
     layer._gemm_launches.clear()
     layer._gemm_why.clear()

@@ -43,6 +43,10 @@
 //   - per half step, four wgmma (A from registers, B from shared memory); the next half step's A
 //     is made while they run.
 // Epilogue: D to y (tokens past `tokens` are not stored), or to the partial sums.
+//
+// Launched with PDL after the x layout kernel (which lets it launch at its start): a block loads
+// its first segment's weights (fixed while in use: GemvWeights) before griddepcontrol.wait, and
+// reads nothing that kernel writes (x', the flags) and writes nothing before it.
 
 constexpr long long N = ${N};
 constexpr int K = ${K};
@@ -237,6 +241,7 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
         for (int p = 0; p < PREFETCH; ++p) {
             if (sb + p < se) load_w(sb + p, wring[p]);
         }
+        I4_GRID_WAIT();  // PDL: x' and the flags are the x layout kernel's writes (a no-op after the first)
         if (tid == 0) {
 #pragma unroll
             for (int p = 0; p < STAGES - 1; ++p) {

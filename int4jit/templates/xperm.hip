@@ -10,6 +10,9 @@
 // a row that share w share the loads, through L1).
 // The arguments follow the GEMM's: x, three unused, y is the GEMM's workspace: x', then the
 // partial sums (GEMM_GRID blocks of PARTIAL_BYTES), then one flag a GEMM block, zeroed here.
+// Launched stream-ordered (after any kernel). Every block of this grid is resident at once (4 an
+// SM), so letting the GEMM launch at the start (PDL) takes no room from them: its blocks take SMs
+// as these exit, load their first weights, and wait for this grid's writes (griddepcontrol.wait).
 
 constexpr int K = ${K};
 constexpr int BS = ${BS};
@@ -21,6 +24,7 @@ constexpr long long PARTIAL_BYTES = ${PARTIAL_BYTES};
 extern "C" __global__ void __launch_bounds__(BS)
 ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT, const u16* I4_RESTRICT, const u8* I4_RESTRICT,
                u16* I4_RESTRICT y, long long tokens) {
+    I4_GRID_LAUNCH_DEPENDENTS();
     const long long rows = (tokens + TOK - 1) / TOK * TOK;
     const long long first = (long long)blockIdx.x * BS + threadIdx.x;
     if (first < GEMM_GRID)
