@@ -23,12 +23,16 @@ if str(ROOT) not in sys.path:  # run from a checkout: the int4jit beside bench/
     sys.path.insert(0, str(ROOT))
 
 
-def ev_time(fn, iters: int) -> float:
-    """µs per fn() over `iters` back-to-back calls, timed with CUDA events."""
+def ev_time(fn, iters: int, queue_ahead_ms: float = 0.0) -> float:
+    """µs per fn() over `iters` back-to-back calls, timed with CUDA events. queue_ahead_ms: the GPU
+    first spins that long (before the start event), so the host queues the calls ahead of it and
+    the events time the GPU's work alone, however long the host takes a call."""
     import torch
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
     torch.cuda.synchronize()
+    if queue_ahead_ms:
+        torch.cuda._sleep(int(queue_ahead_ms * 2e6))  # cycles, at ~2 GHz
     s.record()
     for _ in range(iters):
         fn()

@@ -27,6 +27,7 @@ error and the rest go on; the JSON is rewritten after every system.
     python3 bench/e2e_decode.py                     # 8B-shaped, 4 layers, every system
     python3 bench/e2e_decode.py --config small --systems fp16,int4jit --no-compile
     python3 bench/e2e_decode.py --quick             # a tiny model, few tokens: a smoke test
+    python3 bench/e2e_decode.py --layers 32 --isolate   # the whole 8B, each system in a fresh process
 
 Writes bench/results/e2e_decode-<date>.json and the "End-to-end decode" section of
 bench/RESULTS.md (not with --quick unless --results-md is given); with --layers L,
@@ -309,12 +310,47 @@ def run_system(torch, name, base, cfg_kw, args, ref_logits, prompt) -> dict:
     return res
 
 
+def run_in_process(torch, systems, cfg_kw, args, doc, save) -> None:
+    """Every system in this process, one after the other, each from a copy of one fp16 base model."""
+    print(f"{doc['device']}: building LlamaForCausalLM {cfg_kw} in fp16 on the GPU", flush=True)
+    base = build_base(torch, cfg_kw)
+    prompt = torch.randint(0, cfg_kw["vocab_size"], (1, 8), device="cuda")
+    ref_logits = last_logits(torch, base, prompt)
+    for name in systems:
+        print(f"{name} ...", flush=True)
+        try:
+            doc["systems"][name] = run_system(torch, name, base, cfg_kw, args, ref_logits, prompt)
+        except Exception as e:  # a system that cannot be built is recorded, the others still run  # noqa: BLE001
+            doc["systems"][name] = dict(error=f"{type(e).__name__}: {e}"[:500])
+            print(f"  {name} failed: {doc['systems'][name]['error']}", flush=True)
+            traceback.print_exc(limit=4)
+            torch.cuda.empty_cache()
+        save()
+
+
+def run_isolated(args, name) -> dict:
+    """System `name`'s results from a fresh process of this script (--isolate)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, __file__, "--systems", name, "--out", tmp, "--results-md", "", "--config", args.config,
+                "--tokens", str(args.tokens), "--prefill", str(args.prefill), "--runs", str(args.runs)]
+        argv += (["--layers", str(args.layers)] if args.layers else []) + (["--no-compile"] if args.no_compile else [])
+        argv += ["--quick"] if args.quick else []
+        code = subprocess.run(argv).returncode
+        found = sorted(Path(tmp).glob("e2e_decode*.json"))
+        if code or not found:
+            return dict(error=f"its process exited with status {code}" + ("" if found else " and wrote no results"))
+        return json.loads(found[0].read_text())["systems"][name]
+
+
 def markdown(doc) -> str:
     c = doc["config"]
     lines = [f"{doc['device']}, {doc['date']}, transformers {doc['transformers']}, torch {doc['torch']}: "
              f"LlamaForCausalLM from a config (hidden {c['hidden_size']}, intermediate {c['intermediate_size']}, "
              f"{c['num_hidden_layers']} layers, vocabulary {c['vocab_size']}, random weights); decode {doc['tokens']} "
-             f"tokens best of {doc['runs']}, prefill {doc['prefill']} tokens median of {5 * doc['runs']} "
+             f"tokens best of {doc['runs']}, prefill {doc['prefill']} tokens median of {5 * doc['runs']}"
+             f"{', each system in its own process' if doc.get('isolated') else ''} "
              f"(`{doc.get('command', 'python3 bench/e2e_decode.py' + (' --quick' if doc['quick'] else ''))}`)", "",
              "| system | decode tok/s (eager) | decode tok/s (torch.compile reduce-overhead) | prefill ms | "
              "logits vs fp16 | quantize s |", "|---|---|---|---|---|---|"]
@@ -347,6 +383,9 @@ def main():
     ap.add_argument("--prefill", type=int, help="prefill tokens (default 512; 32 with --quick)")
     ap.add_argument("--runs", type=int, help="best of (default 3; 2 with --quick)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile decode")
+    ap.add_argument("--isolate", action="store_true",
+                    help="measure each system in a fresh process of this script (its own model build, allocator "
+                         "and GPU state; the systems' order then cannot move their figures)")
     ap.add_argument("--quick", action="store_true", help="a tiny model, few tokens: a smoke test")
     ap.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON (default bench/results)")
     ap.add_argument("--results-md", help="markdown file whose section is replaced (default bench/RESULTS.md; "
@@ -383,24 +422,20 @@ def main():
     except Exception as e:  # noqa: BLE001
         doc["tinygemm_dtypes"] = f"probe failed: {e}"[:200]
 
+    print(f"writing {json_path}", flush=True)
+
     def save():
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(doc, indent=1))
 
-    print(f"{doc['device']}: building LlamaForCausalLM {cfg_kw} in fp16 on the GPU; writing {json_path}", flush=True)
-    base = build_base(torch, cfg_kw)
-    prompt = torch.randint(0, cfg_kw["vocab_size"], (1, 8), device="cuda")
-    ref_logits = last_logits(torch, base, prompt)
-    for name in systems:
-        print(f"{name} ...", flush=True)
-        try:
-            doc["systems"][name] = run_system(torch, name, base, cfg_kw, args, ref_logits, prompt)
-        except Exception as e:  # a system that cannot be built is recorded, the others still run  # noqa: BLE001
-            doc["systems"][name] = dict(error=f"{type(e).__name__}: {e}"[:500])
-            print(f"  {name} failed: {doc['systems'][name]['error']}", flush=True)
-            traceback.print_exc(limit=4)
-            torch.cuda.empty_cache()
-        save()
+    if args.isolate:
+        doc["isolated"] = True
+        for name in systems:
+            print(f"{name} in its own process ...", flush=True)
+            doc["systems"][name] = run_isolated(args, name)
+            save()
+    else:
+        run_in_process(torch, systems, cfg_kw, args, doc, save)
     if md is not None:
         write_section(section, markdown(doc), md)
         print(f"wrote the '{section}' section of {md}")

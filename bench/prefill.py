@@ -4,7 +4,9 @@ layer in the same dtype (cuBLAS), per Llama-3-8B projection, fp16 and bf16.
 Int4Linear serves 17..chunked_tokens tokens with the kernel once per 16 tokens, and more with one
 dequantising launch (templates/dequant.hip) into a fresh workspace, then torch.matmul. Rows, per
 shape, dtype and token count, GPU time per call (CUDA events over back-to-back calls that walk
-enough copies of the layer to defeat L2; median of 5):
+enough copies of the layer to defeat L2, up to 160, queued behind a spin of the GPU of 60 us a
+call so that the host's time per call never shows; median of 5; one second of dense products
+first warms the GPU up):
 
   dense        F.linear with the dense weight in the activation dtype (what the model ran before
                quantising): the baseline
@@ -29,12 +31,14 @@ fails the row).
 
     python3 bench/prefill.py                              # 8B projections, 512 tokens, fp16 and bf16
     python3 bench/prefill.py --tokens 128,512,2048 --dtypes float16
+    python3 bench/prefill.py --shapes 2048x2048,512x2048 --tokens 64,128,256,512   # any N x K
 
 Writes the "Prefill per layer" section of bench/RESULTS.md and bench/results/prefill-<date>.json."""
 import argparse
 import datetime
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,11 +51,27 @@ SHAPES = {"q/o": (4096, 4096), "k/v": (1024, 4096), "gate/up": (14336, 4096), "d
           "lm_head": (128256, 4096), "q+k+v": (6144, 4096), "gate+up": (28672, 4096)}
 ROTATE_BYTES = 200 << 20  # int4 bytes of distinct layer copies a timed pass walks
 CHUNKS_UP_TO = 128  # token counts the chunked rows are measured at
+QUEUE_AHEAD_MS = 0.06  # a call's host time is 20-40 us: the GPU spins this long a call of a pass
+MAX_COPIES = 160  # small layers: past this the launch queue (~1000 launches) would hold the host back
 
 
 def median_time(fn, calls: int) -> float:
-    """µs per call: the median of 5 event-timed passes of `calls` calls (ev_time warms up each)."""
-    return sorted(ev_time(fn, 1) for _ in range(5))[2] / calls
+    """µs of GPU time per call: the median of 5 event-timed passes of `calls` calls (ev_time warms
+    up each, and queues each pass behind a spin of the GPU, so a layer whose host call takes about
+    as long as its GPU work, as k/v's, is not timed by the host)."""
+    return sorted(ev_time(fn, 1, queue_ahead_ms=QUEUE_AHEAD_MS * calls) for _ in range(5))[2] / calls
+
+
+def warm_up(torch, seconds: float = 1.0) -> None:
+    """Dense products for `seconds` before the first row, so the GPU's clocks and cuBLAS are up
+    (the first row measured cold ran 2.7x slow once)."""
+    a = torch.randn(512, 4096, dtype=torch.float16, device="cuda")
+    b = torch.randn(4096, 4096, dtype=torch.float16, device="cuda")
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        for _ in range(50):
+            torch.nn.functional.linear(a, b)
+        torch.cuda.synchronize()
 
 
 def kernel_times(torch, fn, passes: int = 3) -> dict:
@@ -76,7 +96,7 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
     from int4jit.torch import Int4Linear
 
     per_copy = N * K // 2
-    copies = max(2, -(-ROTATE_BYTES // per_copy))
+    copies = min(MAX_COPIES, max(2, -(-ROTATE_BYTES // per_copy)))
     dense_copies = max(2, min(copies, -(-(ROTATE_BYTES * 4) // (N * K * 2))))
     dev = "cuda"
     layers = []
@@ -147,7 +167,7 @@ def table(doc) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated: {', '.join(SHAPES)}, or NxK")
     ap.add_argument("--tokens", default="512", help="comma-separated prompt lengths (default 512)")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--group", type=int, default=128)
@@ -155,14 +175,21 @@ def main():
     ap.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON (default bench/results)")
     args = ap.parse_args()
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    if any(n not in SHAPES for n in names):
-        ap.error(f"unknown shape in {names}; known: {', '.join(SHAPES)}")
+    for n in names:
+        if n not in SHAPES:  # NxK: a shape of its own
+            try:
+                SHAPES[n] = tuple(int(v) for v in n.lower().split("x"))
+            except ValueError:
+                ap.error(f"unknown shape {n!r}: name one of {', '.join(SHAPES)} or give NxK")
+            if len(SHAPES[n]) != 2:
+                ap.error(f"shape {n!r}: give NxK")
     torch = gpu_or_exit("prefill.py")
     import int4jit
 
     dtypes = [getattr(torch, d.strip()) for d in args.dtypes.split(",") if d.strip()]
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     copy_Bps = copy_bandwidth()
+    warm_up(torch)
     doc = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "copy_Bps": copy_Bps, "torch": torch.__version__, "int4jit": int4jit.__version__,
            "group": args.group, "rows": []}
@@ -177,7 +204,8 @@ def main():
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_text(json.dumps(doc, indent=1))
     body = (f"{doc['device']}, {doc['date']}, torch {doc['torch']}, copy {copy_Bps / 1e12:.2f} TB/s, g={args.group} "
-            f"asymmetric; GPU time per call, CUDA events over calls that walk distinct layer copies, median of 5 "
+            f"asymmetric; GPU time per call, CUDA events over calls that walk distinct layer copies, queued ahead of "
+            f"the GPU, median of 5 "
             f"(`python3 bench/prefill.py --tokens {args.tokens}`)\n\n{table(doc)}\n")
     print(body)
     if not args.no_write:
