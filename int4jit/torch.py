@@ -7,7 +7,7 @@ grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a 
 implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
 (mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 64 by
 the weights' size) launch the kernel once per 16; on Hopper a prompt of GEMM_MIN_TOKENS (33) to
-GEMM_MAX_TOKENS runs the int4 GEMM instead. Anything else (longer prefill, the CPU, a call no
+GEMM_MAX_TOKENS runs the int4 GEMM instead, on layers of 6 MB of int4 weights or more. Anything else (longer prefill, the CPU, a call no
 kernel serves on the target) dequantises and uses torch.matmul, with a warning naming why.
 quantize_model also fuses the layers a model calls on the same x (q/k/v, gate/up) into one
 Int4Linear each, for eager calls (fuse_shared_inputs): one launch and one call's host time for all.
@@ -49,6 +49,14 @@ CHUNK_LIMITS = ((16 << 20, 2), (64 << 20, 3), (float("inf"), 4))
 # 10%; at 640 tokens it loses on every projection (H200: gate/up 158 against 150).
 GEMM_MIN_TOKENS = 2 * MAX_TOKENS + 1
 GEMM_MAX_TOKENS = 512
+# ... and only on layers of GEMM_MIN_BYTES of int4 weights or more: below that, dequantising the
+# weight costs less than the GEMM's fixed part (~18 us on the H100: its launch, first loads and
+# the sums of tiles cut between SMs), so one dequantising launch + cuBLAS wins at 33 to 512
+# tokens. H100, fp16, bench/prefill.py, GEMM / dequantise + cuBLAS µs at 48 and 512 tokens:
+# 1024x4096 (2 MB) 27.0 / 13.1, 21.5 / 17.3; 1024x8192 (4 MB) 29.4 / 16.4, 31.0 / 29.0; 3072x3072
+# (4.5 MB) 19.2 / 17.3, 28.9 / 26.4; 4096x4096 (8 MB) 20.2 / 28.1, 35.8 / 42.3; 8192x2048 (8 MB)
+# 18.4 / 27.4, 41.9 / 43.8; 2048x8192 (8 MB) 24.6 / 29.0, 43.4 / 48.1.
+GEMM_MIN_BYTES = 6 << 20
 # The prompt shapes a module keeps its prefill path for (forward's fast path); a server sees many.
 PROMPT_SHAPES = 64
 _NO_DENSE = (None, (), ())  # Int4Linear._dense_of where no CPU dense weight is kept: (dtype, weights, versions)
@@ -59,6 +67,12 @@ def chunked_tokens(out_features: int, in_features: int) -> int:
     (on Hopper the int4 GEMM takes GEMM_MIN_TOKENS and more first)."""
     nbytes = out_features * in_features // 2
     return MAX_TOKENS * next(n for limit, n in CHUNK_LIMITS if nbytes < limit)
+
+
+def gemm_max_tokens(out_features: int, in_features: int) -> int:
+    """The most tokens Int4Linear's GPU call runs through the int4 GEMM (Hopper): GEMM_MAX_TOKENS,
+    or 0 (never) for a layer of less than GEMM_MIN_BYTES of int4 weights."""
+    return GEMM_MAX_TOKENS if out_features * in_features // 2 >= GEMM_MIN_BYTES else 0
 
 
 def _through_op(x: torch.Tensor) -> bool:
@@ -133,8 +147,8 @@ class Int4Linear(nn.Module):
     torch's current stream (graph capture works): one token on the simt or tc kernel, several on
     the tensor-core kernels (NVIDIA sm_80+); a dtype and token count no kernel serves on the
     target falls back, said once. Up to `chunked_tokens` (CHUNK_LIMITS) the kernel runs once per 16
-    tokens, but on Hopper (sm_90) a prompt of GEMM_MIN_TOKENS to GEMM_MAX_TOKENS runs the int4 GEMM
-    (GemvWeights.matmul); other prefills dequantise once per call on the GPU with one int4jit
+    tokens, but on Hopper (sm_90) a prompt of GEMM_MIN_TOKENS to `gemm_max_tokens` (GEMM_MAX_TOKENS,
+    or 0 under GEMM_MIN_BYTES of weights) runs the int4 GEMM (GemvWeights.matmul); other prefills dequantise once per call on the GPU with one int4jit
     launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
     weight is kept per module (up to CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
     enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
@@ -170,7 +184,7 @@ class Int4Linear(nn.Module):
         self._warned = False
         self._no_kernel: set = set()  # (dtype, tokens) no kernel serves on this layer's target
         self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
-        self.gemm_max_tokens = GEMM_MAX_TOKENS  # the most tokens a call runs through the int4 GEMM
+        self.gemm_max_tokens = gemm_max_tokens(self.out_features, self.in_features)  # 0: never the GEMM
         self._shared = None  # a _Watch or _Fused shared with sibling layers (fuse_shared_inputs)
 
     @classmethod
@@ -205,7 +219,8 @@ class Int4Linear(nn.Module):
         super().__setstate__(state)
         if "chunked_tokens" not in self.__dict__:
             self.chunked_tokens = chunked_tokens(self.out_features, self.in_features)
-        self.__dict__.setdefault("gemm_max_tokens", GEMM_MAX_TOKENS)
+        if "gemm_max_tokens" not in self.__dict__:
+            self.gemm_max_tokens = gemm_max_tokens(self.out_features, self.in_features)
         self.__dict__.setdefault("_prompts", {})
         self.__dict__.setdefault("_shared", None)
         self.__dict__.setdefault("_dense_of", _NO_DENSE)

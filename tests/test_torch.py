@@ -125,6 +125,17 @@ def test_chunked_tokens_follow_the_weights_size(N, K, tokens):
     assert chunked_tokens(N, K) == tokens
 
 
+@pytest.mark.parametrize("N,K,gemm", [(1024, 4096, 0), (2048, 4096, 0), (3072, 3072, 0), (2048, 6144, 512),
+                                       (4096, 4096, 512), (2048, 8192, 512), (6144, 4096, 512)])
+def test_the_gemm_serves_layers_of_6_mb_and_more(N, K, gemm):
+    """Int4Linear runs prompts through the int4 GEMM (Hopper) only from GEMM_MIN_BYTES (6 MB) of
+    int4 weights: below it one dequantising launch + cuBLAS measured faster at 33 to 512 tokens."""
+    from int4jit.torch import gemm_max_tokens
+    assert gemm_max_tokens(N, K) == gemm
+    assert Int4Linear(torch.zeros(N, K // 2, dtype=torch.uint8), torch.ones(N, K // 128, dtype=torch.float16),
+                      torch.zeros(N, K // 128, dtype=torch.uint8)).gemm_max_tokens == gemm
+
+
 def test_a_module_pickled_without_chunked_tokens_gets_them():
     import pickle
     from int4jit.torch import GEMM_MAX_TOKENS
@@ -135,9 +146,14 @@ def test_a_module_pickled_without_chunked_tokens_gets_them():
     del state["chunked_tokens"], state["gemm_max_tokens"]  # as an Int4Linear pickled before they existed
     restored = Int4Linear.__new__(Int4Linear)
     restored.__setstate__(state)
-    assert restored.chunked_tokens == 32 and restored.gemm_max_tokens == GEMM_MAX_TOKENS == 512
+    assert restored.chunked_tokens == 32 and restored.gemm_max_tokens == 0  # 2 MB: under GEMM_MIN_BYTES
     x = torch.randn(3, 4096)
     assert torch.equal(restored(x), q(x))
+    state = Int4Linear.from_linear(torch.nn.Linear(4096, 4096), group_size=128).__getstate__()
+    del state["gemm_max_tokens"]
+    big = Int4Linear.__new__(Int4Linear)
+    big.__setstate__(state)
+    assert big.gemm_max_tokens == GEMM_MAX_TOKENS == 512
 
 
 def test_a_module_keeps_the_paths_of_its_latest_prompt_shapes_and_pickles_without_them():
