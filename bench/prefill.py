@@ -175,13 +175,14 @@ def main():
     ap.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON (default bench/results)")
     args = ap.parse_args()
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    shapes = dict(SHAPES)
     for n in names:
-        if n not in SHAPES:  # NxK: a shape of its own
+        if n not in shapes:  # NxK: a shape of its own
             try:
-                SHAPES[n] = tuple(int(v) for v in n.lower().split("x"))
+                shapes[n] = tuple(int(v) for v in n.lower().split("x"))
             except ValueError:
                 ap.error(f"unknown shape {n!r}: name one of {', '.join(SHAPES)} or give NxK")
-            if len(SHAPES[n]) != 2:
+            if len(shapes[n]) != 2:
                 ap.error(f"shape {n!r}: give NxK")
     torch = gpu_or_exit("prefill.py")
     import int4jit
@@ -198,7 +199,7 @@ def main():
     for T in tokens:
         for dtype in dtypes:
             for name in names:
-                N, K = SHAPES[name]
+                N, K = shapes[name]
                 doc["rows"].append(measure_shape(torch, name, N, K, T, dtype, copy_Bps, args.group))
                 if not args.no_write:
                     out.parent.mkdir(parents=True, exist_ok=True)

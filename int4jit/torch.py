@@ -7,8 +7,9 @@ grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a 
 implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
 (mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 64 by
 the weights' size) launch the kernel once per 16; on Hopper a prompt of GEMM_MIN_TOKENS (33) to
-GEMM_MAX_TOKENS runs the int4 GEMM instead, on layers of 6 MB of int4 weights or more. Anything else (longer prefill, the CPU, a call no
-kernel serves on the target) dequantises and uses torch.matmul, with a warning naming why.
+GEMM_MAX_TOKENS runs the int4 GEMM instead, on layers of 6 MB of int4 weights or more. Anything
+else (longer prefill, the CPU, a call no kernel serves on the target) dequantises and uses
+torch.matmul, with a warning naming why.
 quantize_model also fuses the layers a model calls on the same x (q/k/v, gate/up) into one
 Int4Linear each, for eager calls (fuse_shared_inputs): one launch and one call's host time for all.
 """
