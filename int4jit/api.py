@@ -16,7 +16,7 @@ from .env import ALIASES
 from .launch import Kernel, load
 from .plan import PLAN_VARIABLES, config_override, plan, read_env
 from .shapes import MAX_TOKENS, GemvShape
-from .spec import gemm_unsupported, gemm_workspace_bytes, make_dequant_spec, make_gemm_spec, make_xperm_spec
+from .spec import gemm_rows, gemm_unsupported, gemm_workspace_bytes, make_dequant_spec, make_gemm_spec, make_xperm_spec
 from .trace import trace
 from .validate import validate, validate_x
 
@@ -389,7 +389,7 @@ class GemvWeights:
         # dtype needs only what its shape and dtype do not say checked (launch_shaped)
         self.calls: dict = {}
         self._dense_launch: dict = {}  # output torch dtype -> the dequantising launch
-        self._gemm_launches: dict = {}  # activation dtype -> (x' launch, GEMM launch): matmul
+        self._gemm_launches: dict = {}  # (activation dtype, tile rows) -> (x' launch, GEMM launch): matmul
         self._gemm_why: dict = {}  # activation dtype -> why matmul cannot serve it, or None
         # The GEMM's arguments: the GEMV's five and the token count
         self._gemm_args = PackedArgs([0, infos[1].ptr, infos[2].ptr, 0 if zeros is None else infos[3].ptr, 0, 0])
@@ -434,22 +434,24 @@ class GemvWeights:
     def matmul(self, x, out):
         """out [..., N] = x [..., K] @ W^T for a prompt of any number of tokens T on Hopper (sm_90):
         x laid out for the GEMM in a workspace (templates/xperm.hip), then the GEMM that reads the
-        int4 weights itself (templates/gemm_sm90.hip: the last waves' tiles, or too few tiles to
-        fill the SMs, cut between them so all end together; with PDL it starts while the first
-        drains), on torch's current stream; no dense copy of the weight. x and out: contiguous
+        int4 weights itself (templates/gemm_sm90.hip in tiles of gemm_rows(N, T) rows: the last
+        waves' tiles, or too few tiles to fill the SMs, cut between them so all end together;
+        with PDL it starts while the first drains), on torch's current stream; no dense copy of the weight. x and out: contiguous
         float16 or bfloat16 tensors of T x K and T x N elements on the layer's device, checked by
         the caller as __call__ checks x.
         NotImplementedError where gemm_unsupported says why."""
-        launches = self._gemm_launches.get(x.dtype)
+        T = x.numel() // self.K
+        rows = gemm_rows(self.N, T, self.device.sm_count)
+        launches = self._gemm_launches.get((x.dtype, rows))
         if launches is None:
             why = self.gemm_unsupported(x.dtype)
             if why:
                 raise NotImplementedError(why)
             shape, arch, sms = self._shape_for(x.dtype), self.device.arch, self.device.sm_count
             pdl = read_env().pdl and self.device.supports_overlap  # INT4JIT_PDL, read at the first prompt
-            launches = self._gemm_launches[x.dtype] = (load(self.device, make_xperm_spec(shape, arch, sms)).launch_packed,
-                                                       load(self.device, make_gemm_spec(shape, arch, sms, pdl)).launch_packed)
-        T = x.numel() // self.K
+            launches = self._gemm_launches[x.dtype, rows] = (
+                load(self.device, make_xperm_spec(shape, arch, sms)).launch_packed,
+                load(self.device, make_gemm_spec(shape, arch, sms, rows, pdl)).launch_packed)
         if x.data_ptr() & 15:  # as launch_shaped: x is read in 16-byte loads
             validate_x(x.reshape(T, self.K)[:MAX_TOKENS], self.K, self.device_index)
         xp = self._torch.empty(gemm_workspace_bytes(T, self.K, self.device.sm_count) // 2, dtype=x.dtype,

@@ -16,7 +16,7 @@ from ._version import __version__
 from .errors import BackendUnavailable, CompileError, Int4JitError
 from .reference import dequantize, random_problem, reference_gemv
 from .shapes import ACTIVATION_DTYPES, MAX_TOKENS, SUPPORTED_GROUPS, GemvShape
-from .spec import KNOWN_TARGETS, gemm_unsupported, make_dequant_spec, make_gemm_spec, make_xperm_spec
+from .spec import KNOWN_TARGETS, gemm_row_tiles, gemm_unsupported, make_dequant_spec, make_gemm_spec, make_xperm_spec
 
 DEFAULT_SHAPES = [(896, 896), (4096, 4096), (28672, 4096), (4096, 14336)]
 DEFAULT_TARGETS = ["sm_90", "gfx90a", "gfx1030"]
@@ -295,7 +295,8 @@ def _launched_specs(p, shape: GemvShape, arch: str, device, exhaustive) -> list:
              make_dequant_spec(shape, p.spec.arch, shape.dtype)]
     if gemm_unsupported(shape, arch) is None:
         sms = device.sm_count if device is not None else KNOWN_TARGETS[arch][0]
-        specs += [make_xperm_spec(shape, arch, sms), make_gemm_spec(shape, arch, sms, p.spec.pdl)]  # PDL as the plan's
+        specs += [make_xperm_spec(shape, arch, sms),  # and the GEMM in each tile height a prompt may take, PDL as the plan's
+                  *(make_gemm_spec(shape, arch, sms, rows, p.spec.pdl) for rows in gemm_row_tiles(shape.N))]
     return specs
 
 

@@ -130,7 +130,8 @@ class KernelSpec:
         """The kernel's symbol (the code cache key tells builds apart, not the name)."""
         s = self.shape
         sym = "s" if s.symmetric else "a"
-        return f"int4jit_{self.kernel}_n{s.N}_k{s.K}_g{s.group}{sym}_bs{self.config.BS}_tn{self.config.TN}"
+        geometry = f"bs{self.block}" if self.kernel == "gemm" else f"bs{self.config.BS}_tn{self.config.TN}"
+        return f"int4jit_{self.kernel}_n{s.N}_k{s.K}_g{s.group}{sym}_{geometry}"
 
     def canonical(self) -> dict:
         """Everything that makes this build and launch, as plain JSON values."""
@@ -425,12 +426,32 @@ def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -
 
 
 # The prefill GEMM (templates/gemm_sm90.hip): Hopper's wgmma, so sm_90a code for sm_90 devices.
-# One geometry: tiles of 128 rows (two warpgroups) by 128 tokens, a 4-stage ring of x' (32 KB a
-# stage). Measured on an H100 against 64-token tiles and 3 or 6 stages (docs/performance.md).
+# Tiles of 192 rows (three warpgroups) where N allows, else 128 (two), by 128 tokens; a 4-stage
+# ring of x' (32 KB a stage). Measured on an H100 against 64-token tiles and 3 or 6 stages, and
+# 192 rows against 128 (docs/performance.md).
 GEMM_ARCHS = {"sm_90": "sm_90a", "sm_90a": "sm_90a"}
-GEMM_ROWS, GEMM_TOKENS, GEMM_STAGES = 128, 128, 4
-GEMM_BLOCK = 2 * GEMM_ROWS  # a warpgroup (128 threads) for each 64 rows
-GEMM_PARTIAL_BYTES = GEMM_BLOCK * GEMM_TOKENS // 2 * 4  # a block's fp32 D: its slot of the partial sums
+GEMM_ROW_TILES = (192, 128)  # rows a tile, the first that divides N
+GEMM_TOKENS, GEMM_STAGES = 128, 4
+# A block's slot of the partial sums: the fp32 D of the largest block (a warpgroup, 128 threads,
+# for each 64 rows; GEMM_TOKENS / 2 sums a thread).
+GEMM_PARTIAL_BYTES = 2 * max(GEMM_ROW_TILES) * GEMM_TOKENS // 2 * 4
+
+
+def gemm_row_tiles(N: int) -> tuple:
+    """The tile heights (GEMM_ROW_TILES) that divide N: the GEMM builds a call of N rows may take."""
+    return tuple(rows for rows in GEMM_ROW_TILES if N % rows == 0)
+
+
+def gemm_rows(N: int, tokens: int, sm_count: int) -> int:
+    """Rows of the GEMM's tiles for a call of `tokens` tokens: 192 (three warpgroups) where they
+    divide N and make at least 3/4 of a wave of tiles (so whole tiles run: q+k+v, 6144 rows at
+    512 tokens, is one wave of 128 on 132 SMs, not 1.45 of 192), else 128 (fewer tiles than that
+    are cut between blocks, and cut 128-row tiles measured faster: q+k+v at 128 tokens 24.0
+    against 27.1 us, H100); 0 where neither divides N."""
+    fits = gemm_row_tiles(N)
+    if 192 in fits and (128 not in fits or 4 * (N // 192) * -(-tokens // GEMM_TOKENS) >= 3 * sm_count):
+        return 192
+    return 128 if 128 in fits else 0
 
 
 def gemm_workspace_bytes(tokens: int, K: int, sm_count: int) -> int:
@@ -443,26 +464,31 @@ def gemm_unsupported(shape: GemvShape, arch: str) -> str | None:
     """Why the prefill GEMM cannot serve `shape` on `arch`, or None."""
     if arch not in GEMM_ARCHS:
         return f"the int4 GEMM needs Hopper's wgmma (sm_90); {arch} dequantises and uses cuBLAS"
-    if shape.K % 128 or shape.group % 32 or shape.N % GEMM_ROWS:
-        return (f"the int4 GEMM takes K % 128 == 0, group % 32 == 0 and N % {GEMM_ROWS} == 0; "
+    if shape.K % 128 or shape.group % 32 or not gemm_row_tiles(shape.N):
+        return (f"the int4 GEMM takes K % 128 == 0, group % 32 == 0 and N a multiple of 128 or 192; "
                 f"got N={shape.N}, K={shape.K}, group={shape.group}")
     return None
 
 
-def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int, pdl: bool = True) -> KernelSpec:
+def make_gemm_spec(shape: GemvShape, arch: str, sm_count: int, rows: int, pdl: bool = True) -> KernelSpec:
     """templates/gemm_sm90.hip: y [T, N] = x [T, K] @ dequant(w)^T for any T (a runtime argument;
     a persistent grid of one block an SM) from x' (make_xperm_spec), the int4 weights read by
-    the product itself. pdl: launched with programmatic dependent launch, so it starts while the
+    the product itself, in tiles of `rows` rows (gemm_rows picks them per call; ValueError where
+    they do not divide N). pdl: launched with programmatic dependent launch, so it starts while the
     x layout kernel drains and loads its first weights before waiting for x' (the weights are
     fixed: GemvWeights). NotImplementedError where gemm_unsupported says why."""
     why = gemm_unsupported(shape, arch)
     if why:
         raise NotImplementedError(why)
-    params = (("TOK", GEMM_TOKENS), ("WGS", GEMM_ROWS // 64), ("STAGES", GEMM_STAGES), *_dtype_params(shape),
+    if rows not in gemm_row_tiles(shape.N):
+        raise ValueError(f"tiles of {rows} rows for N={shape.N}: expected one of {gemm_row_tiles(shape.N)}")
+    block = 2 * rows  # a warpgroup (128 threads) for each 64 rows
+    params = (("TOK", GEMM_TOKENS), ("WGS", rows // 64), ("STAGES", GEMM_STAGES), *_dtype_params(shape),
               ("PARTIAL_BYTES", GEMM_PARTIAL_BYTES))
     smem = GEMM_STAGES * GEMM_TOKENS * 256 + 1024 + 16 * GEMM_STAGES  # ring, its alignment, the mbarriers
-    return KernelSpec(replace(shape, M=1), GEMM_ARCHS[arch], "gemm", LaunchConfig(GEMM_BLOCK, 2), SIMT_VARIANT,
-                      params, sm_count, GEMM_BLOCK, pdl, rows_per_block=GEMM_ROWS, k_efficiency=1.0,
+    # config is nominal (the tuner's grid has no 384): the geometry is WGS and `block`
+    return KernelSpec(replace(shape, M=1), GEMM_ARCHS[arch], "gemm", LaunchConfig(256, 2), SIMT_VARIANT,
+                      params, sm_count, block, pdl, rows_per_block=rows, k_efficiency=1.0,
                       inflight_bytes=64, thread_bytes=32, regs=168, smem=smem)
 
 

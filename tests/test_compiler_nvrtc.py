@@ -103,9 +103,11 @@ def test_forget_drops_the_file_and_the_memo():
 
 @pytest.mark.parametrize("dtype,symmetric", [("float16", False), ("bfloat16", True)])
 def test_prefill_gemm_compiles_for_sm90a(dtype, symmetric):
-    """The prefill GEMM (wgmma, bulk copies, mbarriers) and its x layout kernel build as sm_90a code."""
+    """The prefill GEMM (wgmma, bulk copies, mbarriers) in both tile heights and its x layout
+    kernel build as sm_90a code."""
     from int4jit.spec import make_gemm_spec, make_xperm_spec
-    shape = GemvShape(14336, 4096, 128, symmetric, dtype=dtype)
-    for spec in (make_gemm_spec(shape, "sm_90", 132), make_xperm_spec(shape, "sm_90", 132)):
+    shape = GemvShape(6144, 4096, 128, symmetric, dtype=dtype)
+    for spec in (make_gemm_spec(shape, "sm_90", 132, 128), make_gemm_spec(shape, "sm_90", 132, 192),
+                 make_xperm_spec(shape, "sm_90", 132)):
         ck = compiler.build(spec)
         assert ck.binary[:4] == CUBIN_MAGIC and ck.kernel.encode() in ck.binary and spec.arch == "sm_90a"

@@ -513,7 +513,8 @@ def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
 
 GEMM_CASES = [(128, 256, 128, False, 1), (384, 1024, 32, True, 77), (1024, 4096, 64, False, 300),
               (4096, 4096, 128, False, 512), (256, 14336, 128, True, 129), (128, 512, 128, False, 1000),
-              (8192, 1024, 128, False, 640), (5120, 1024, 64, True, 400)]
+              (8192, 1024, 128, False, 640), (5120, 1024, 64, True, 400), (6144, 4096, 128, False, 512),
+              (576, 2048, 64, True, 300), (12288, 1024, 128, False, 1000)]
 
 
 @pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16"])
@@ -525,8 +526,9 @@ def test_gemm_against_reference(N, K, group, symmetric, T, dtype, scale_dtype):
     3/4 of the SMs, every tile cut between blocks (1 to 24 tiles: a tile's 2 to 112 steps over up
     to 132 blocks), one data-parallel wave (4096 x 512: 128 tiles), tiles cut in the last waves
     (8192 x 640: 320 tiles, a data-parallel wave, then 188 tiles split; 5120 x 400: 160 tiles,
-    all split); out poisoned before the call, against the float64 reference; a second call (into
-    a fresh workspace) gives the same bits."""
+    all split); tiles of 192 rows (N % 192 == 0: 6144 x 512 one wave of 128 tiles, 576 x 300 all
+    cut, 12288 x 1000 two whole waves then 248 tiles cut); out poisoned before the call, against
+    the float64 reference; a second call (into a fresh workspace) gives the same bits."""
     if not _hopper():
         pytest.skip("the int4 GEMM is Hopper's (sm_90)")
     t = _torch()
@@ -594,7 +596,7 @@ def test_gemm_chain_reads_each_output_after_it_is_written():
 
 
 def test_gemm_refuses_what_it_cannot_serve():
-    """N not a multiple of 128, or groups of 16: NotImplementedError naming the limits (Int4Linear
+    """N a multiple of neither 128 nor 192, or groups of 16: NotImplementedError naming the limits (Int4Linear
     then dequantises)."""
     if not _hopper():
         pytest.skip("the int4 GEMM is Hopper's (sm_90)")
@@ -603,7 +605,7 @@ def test_gemm_refuses_what_it_cannot_serve():
     for N, K, group in ((200, 512, 128), (256, 512, 16)):
         x, w, s, z = random_problem(rng, N, K, group, False)
         layer = int4jit.GemvWeights(*(t.from_numpy(a).cuda() for a in (w, s, z)))
-        with pytest.raises(NotImplementedError, match="K % 128 == 0, group % 32 == 0 and N % 128 == 0"):
+        with pytest.raises(NotImplementedError, match="K % 128 == 0, group % 32 == 0 and N a multiple of 128 or 192"):
             layer.matmul(t.zeros(300, K, dtype=t.float16, device="cuda"), t.empty(300, N, dtype=t.float16, device="cuda"))
 
 

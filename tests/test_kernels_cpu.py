@@ -303,7 +303,7 @@ def prefill(N, K, tokens, sms, dtype="float16", symmetric=False, group=128, scal
     """The prefill GEMM on the CPU as GemvWeights.matmul runs it (the x layout kernel into a
     poisoned workspace, then the GEMM on a grid of `sms` blocks into a poisoned y): (y, its
     float64 reference, the error floor of its outputs)."""
-    from int4jit.spec import make_gemm_spec, make_xperm_spec
+    from int4jit.spec import gemm_rows, make_gemm_spec, make_xperm_spec
     shape = GemvShape(N, K, group, symmetric, dtype=dtype, scale_dtype=scale_dtype or dtype)
     _, _, w, scales, s_ref, zeros = problem(make_spec(shape, "sm_90", "simt", LaunchConfig(128, 4)), seed)
     x = np.random.default_rng(seed + 1).standard_normal((tokens, K)).astype(np.float32)
@@ -312,17 +312,21 @@ def prefill(N, K, tokens, sms, dtype="float16", symmetric=False, group=128, scal
     emu.run(make_xperm_spec(shape, "sm_90", sms), x_words, np.zeros(1, np.uint8), np.zeros(1, np.uint16), None,
             workspace, tokens=tokens)
     out = np.full((tokens, N), 0x7FC0, np.uint16)  # NaN in fp16 and in bf16
-    emu.run(make_gemm_spec(shape, "sm_90", sms), workspace, w, scales, zeros, out, tokens=tokens)
+    emu.run(make_gemm_spec(shape, "sm_90", sms, gemm_rows(N, tokens, sms)), workspace, w, scales, zeros, out,
+            tokens=tokens)
     y = bf16_values(out) if dtype == "bfloat16" else out.view(np.float16)
     return y, int4jit.reference_gemv(x_ref, w, s_ref, zeros), few_outputs_floor(x_ref, w, s_ref, zeros)
 
 
 # (N, K, tokens, SMs, dtype, symmetric, group, scale dtype): whole waves then stream-K (16 tiles on
-# 3 SMs), stream-K only with tiles cut three ways (9 tiles of 4 steps on 5), one wave (4 tiles on
-# 5), one token, a partial token tile, bf16 with fp16 scales, symmetric, group 32 and 64.
-PREFILL = [(1024, 256, 256, 3, "float16", False, 128, None), (384, 512, 300, 5, "float16", True, 128, None),
+# 3 SMs), stream-K only with tiles cut three ways (3 tiles of 4 steps on 5), one wave (4 tiles on
+# 5), one token, a partial token tile, bf16 with fp16 scales, symmetric, group 32 and 64; tiles of
+# 192 rows (three warpgroups: N % 192 == 0) in stream-K only (6 tiles of 4 steps on 5) and in
+# whole waves then stream-K (9 tiles on 4).
+PREFILL = [(1024, 256, 256, 3, "float16", False, 128, None), (128, 512, 300, 5, "float16", True, 128, None),
            (256, 256, 200, 5, "bfloat16", False, 32, "float16"), (256, 1024, 1, 7, "bfloat16", True, 128, None),
-           (128, 384, 129, 1, "float16", False, 64, None)]
+           (128, 384, 129, 1, "float16", False, 64, None), (384, 512, 300, 5, "float16", True, 128, None),
+           (576, 256, 260, 4, "bfloat16", False, 64, None)]
 
 
 @pytest.mark.parametrize("N,K,tokens,sms,dtype,symmetric,group,scale_dtype", PREFILL)
@@ -353,14 +357,14 @@ def test_a_wrong_prefill_gemm_fails(monkeypatch, what):
     monkeypatch.setattr(emu, "read_template", lambda n: text.replace(old, new) if n == "gemm_sm90.hip"
                         else spec_mod.read_template(n))
     with pytest.raises((RuntimeError, AssertionError), match=error):
-        y, ref, floor = prefill(768, 512, 300, 4)
+        y, ref, floor = prefill(640, 512, 300, 4)
         err = rel_error(y, ref, floor)
         assert err <= TOL["float16"], f"relative error {err:.1e}"
 
 
 def test_the_prefill_gemm_runs_whole_grids_only():
     from int4jit.spec import make_gemm_spec
-    spec = make_gemm_spec(GemvShape(128, 256, 128, False), "sm_90", 2)
+    spec = make_gemm_spec(GemvShape(128, 256, 128, False), "sm_90", 2, 128)
     w, s, z = np.zeros(128 * 128, np.uint8), np.zeros(256, np.uint16), np.zeros(256, np.uint8)
     with pytest.raises(ValueError, match="run its whole grid"):
         emu.run(spec, np.zeros(gemm_workspace_bytes(1, 256, 2) // 2, np.uint16), w, s, z,

@@ -197,9 +197,9 @@ def test_the_prefill_gemm_loads_only_weights_before_waiting_for_the_x_layout(dty
     the flags (the layout kernel's writes), the partial sums and every store come after it."""
     from int4jit.spec import make_gemm_spec, make_xperm_spec
     shape = GemvShape(14336, 4096, 128, symmetric, dtype=dtype)
-    gemm, xperm = make_gemm_spec(shape, "sm_90", 132), make_xperm_spec(shape, "sm_90", 132)
+    gemm, xperm = make_gemm_spec(shape, "sm_90", 132, 128), make_xperm_spec(shape, "sm_90", 132)
     assert gemm.pdl and not xperm.pdl
-    assert not make_gemm_spec(shape, "sm_90", 132, pdl=False).pdl
+    assert not make_gemm_spec(shape, "sm_90", 132, 128, pdl=False).pdl
     lay = instructions(ptx(xperm))
     first_memory = next(i for i, s in enumerate(lay) if reaches_global_memory(s))
     launches = [i for i, s in enumerate(lay) if s.startswith("griddepcontrol.launch_dependents")]
@@ -221,7 +221,7 @@ def test_the_check_catches_a_bulk_copy_of_x_before_the_gemm_waits(monkeypatch):
         return name, src.replace("I4_GRID_WAIT();", "if (tid == 0) fill(sb); I4_GRID_WAIT();")
     monkeypatch.setattr(compiler, "render", early_copy)
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in \
-        gemm_reads_before_wait(make_gemm_spec(GemvShape(4096, 4096, 128, False), "sm_90", 132))
+        gemm_reads_before_wait(make_gemm_spec(GemvShape(4096, 4096, 128, False), "sm_90", 132, 128))
 
 
 @pytest.mark.parametrize("shape,out", DEQUANT, ids=[f"{s.key()}-{o}" for s, o in DEQUANT])

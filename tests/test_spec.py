@@ -1,6 +1,7 @@
 """KernelSpec: its canonical key, its geometry, the variant record and the override grammar
 that reaches it. Pure functions: no compiler, no GPU."""
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -326,21 +327,36 @@ def test_a_key_of_an_impossible_shape_says_why():
         GemvShape.from_key("4096x4000/g128/asym")
 
 
+def test_gemm_rows_takes_192_row_tiles_where_they_make_a_wave():
+    """192-row tiles (three warpgroups) where they divide N and make at least 3/4 of a wave of
+    tiles, else 128; the only height that divides N either way; 0 where none does."""
+    from int4jit.spec import gemm_row_tiles, gemm_rows, make_gemm_spec
+    assert gemm_rows(6144, 512, 132) == 192 and gemm_rows(6144, 128, 132) == 128  # 128 tiles / 32
+    assert gemm_rows(6144, 385, 132) == 192 and gemm_rows(6144, 384, 132) == 128  # 128 / 96: 3/4 of 132 is 99
+    assert gemm_rows(128256, 1, 132) == 192 and gemm_rows(4096, 4096, 132) == 128  # 4096 % 192 != 0
+    assert gemm_rows(576, 1, 132) == 192 and gemm_row_tiles(576) == (192,) and gemm_rows(200, 512, 132) == 0
+    spec = make_gemm_spec(GemvShape(6144, 4096, 128, False), "sm_90", 132, 192)
+    assert (spec.block, spec.rows_per_block, spec.param("WGS")) == (384, 192, 3) and "bs384" in spec.name
+    assert spec.key() != make_gemm_spec(GemvShape(6144, 4096, 128, False), "sm_90", 132, 128).key()
+
+
 def test_gemm_specs_say_what_they_cannot_serve():
-    """The prefill GEMM is Hopper's and takes whole 128-row tiles, K % 128 and groups of 32 or
+    """The prefill GEMM is Hopper's and takes whole 128- or 192-row tiles, K % 128 and groups of 32 or
     more; anything else is a NotImplementedError naming the limit (Int4Linear then dequantises)."""
     from int4jit.spec import gemm_unsupported, make_gemm_spec, make_xperm_spec
     ok = GemvShape(14336, 4096, 128, False, dtype="bfloat16")
     assert gemm_unsupported(ok, "sm_90") is None
-    g, x = make_gemm_spec(ok, "sm_90", 132), make_xperm_spec(ok, "sm_90", 132)
+    g, x = make_gemm_spec(ok, "sm_90", 132, 128), make_xperm_spec(ok, "sm_90", 132)
     assert g.arch == x.arch == "sm_90a" and g.grid == 132 and g.block == 256
     assert g.smem > 48 * 1024 and g.canonical()["smem"] == g.smem and "smem" not in x.canonical()
     assert g.param("BF16") == "true" and g.shape.M == 1
-    assert make_gemm_spec(replace(ok, dtype="float16"), "sm_90", 132).key() != g.key()
+    assert make_gemm_spec(replace(ok, dtype="float16"), "sm_90", 132, 128).key() != g.key()
+    with pytest.raises(ValueError, match="tiles of 192 rows for N=14336: expected one of \\(128,\\)"):
+        make_gemm_spec(ok, "sm_90", 132, 192)
     for shape, arch, said in ((ok, "sm_80", "needs Hopper"), (GemvShape(200, 4096, 128, False), "sm_90", "N=200"),
                               (GemvShape(256, 4160, 32, False), "sm_90", "K=4160"),
                               (GemvShape(256, 4096, 16, False), "sm_90", "group=16"), (ok, "gfx90a", "needs Hopper")):
         assert said in gemm_unsupported(shape, arch)
-        for make in (make_gemm_spec, make_xperm_spec):
+        for make in (partial(make_gemm_spec, rows=128), make_xperm_spec):
             with pytest.raises(NotImplementedError, match=said):
                 make(shape, arch, 132)

@@ -256,7 +256,7 @@ def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
     """GemvWeights.matmul (Int4Linear's prefill on Hopper): the x layout kernel writes a workspace
     of whole 128-token tiles, then the GEMM reads it with the layer's weights and writes out; both
     get the token count; the kernels are loaded once per dtype. The workspace is x' then, per SM,
-    a 64 KB slot of partial sums (256 threads x 64 fp32) and a 4-byte flag. The GEMM launches with
+    a 96 KB slot of partial sums (the largest block's D: 384 threads x 64 fp32) and a 4-byte flag. The GEMM launches with
     PDL (INT4JIT_PDL=0: plainly), the layout kernel plainly. Elsewhere: NotImplementedError naming
     why. The GPU is stubbed."""
     from int4jit import api
@@ -283,7 +283,7 @@ def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
         assert a1[0] == x.data_ptr() and a1[5] == a2[5] == 300 and a2[0] == a1[4]
         assert a2[1:4] == [1, 2, 3] and a2[4] == out.data_ptr()
     assert loaded == [("xperm", False), ("gemm", True)]
-    assert workspaces[0] == (384 * 512 * 2 + 132 * (256 * 64 * 4 + 4)) // 2
+    assert workspaces[0] == (384 * 512 * 2 + 132 * (384 * 64 * 4 + 4)) // 2
     monkeypatch.setenv("INT4JIT_PDL", "0")
     layer._gemm_launches.clear()
     layer.matmul(x.bfloat16(), out.bfloat16())

@@ -22,8 +22,8 @@
 //     full; 32 tiles, as k/v at 512 tokens, would leave 100 SMs idle while 32 walk all of K).
 //     Cutting only the last waves keeps the data-parallel part's weight reuse (cutting
 //     them all measured slower: a block's tiles then run at other times than their row tile's).
-// A block is WGS warpgroups, each owning 64 rows of the tile and the whole token range, D = 64 x
-// TOK fp32 in registers (wgmma m64nTOKk16). A tile cut between blocks: the block whose range
+// A block is WGS warpgroups (3 where N allows, else 2: spec.gemm_rows), each owning 64 rows of
+// the tile and the whole token range, D = 64 x TOK fp32 in registers (wgmma m64nTOKk16). A tile cut between blocks: the block whose range
 // ends inside it writes its D to its slot of the partial sums (after x' in the caller's
 // workspace) and raises its flag; the block holding the tile's last step does that segment
 // last of all, waits for the flags of the earlier blocks that hold the rest, adds their D
@@ -66,8 +66,8 @@ constexpr long long ROW_TILES = N / ROWS;
 constexpr int HALF_BYTES = TOK * 128;     // one 64-k half of a stage: TOK rows of 128 bytes
 constexpr int STAGE_BYTES = 2 * HALF_BYTES;
 constexpr int ACC = TOK / 2;              // fp32 accumulators a thread
-constexpr int PARTIAL_BYTES = ${PARTIAL_BYTES};  // a block's D in the partial sums
-static_assert(PARTIAL_BYTES == BS * ACC * 4, "the partial sums hold every thread's D");
+constexpr int PARTIAL_BYTES = ${PARTIAL_BYTES};  // a block's slot of the partial sums (sized for 3 warpgroups)
+static_assert(PARTIAL_BYTES >= BS * ACC * 4, "a block's slot of the partial sums holds every thread's D");
 constexpr u32 MAGIC_1024 = 0x64006400u;
 constexpr u32 SIXTEENTH = 0x2C002C00u;
 constexpr u32 MAGIC_128 = 0x43004300u;
