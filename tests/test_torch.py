@@ -256,9 +256,9 @@ def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
     """GemvWeights.matmul (Int4Linear's prefill on Hopper): the x layout kernel writes a workspace
     of whole 128-token tiles, then the GEMM reads it with the layer's weights and writes out; both
     get the token count; the kernels are loaded once per dtype. The workspace is x' then, per SM,
-    a 96 KB slot of partial sums (the largest block's D: 384 threads x 64 fp32) and a 4-byte flag. The GEMM launches with
-    PDL (INT4JIT_PDL=0: plainly), the layout kernel plainly. Elsewhere: NotImplementedError naming
-    why. The GPU is stubbed."""
+    a 96 KB slot of partial sums (the largest block's D: 384 threads x 64 fp32) and a 4-byte
+    flag. The GEMM launches with PDL (INT4JIT_PDL=0: plainly), the layout kernel plainly.
+    Elsewhere: NotImplementedError naming why. The GPU is stubbed."""
     from int4jit import api
     mod = Int4Linear.from_linear(torch.nn.Linear(512, 256), group_size=128)
     layer = _stubbed_layer(mod)
@@ -293,6 +293,28 @@ def test_matmul_lays_out_x_then_runs_the_gemm(monkeypatch):
     layer._gemm_why.clear()
     with pytest.raises(NotImplementedError, match="needs Hopper"):
         layer.matmul(x, out)
+
+
+def test_matmul_picks_the_tile_height_per_call(monkeypatch):
+    """A layer whose N both tile heights divide (384 rows) runs 192-row tiles (blocks of 384
+    threads) for a prompt whose tiles fill 3/4 of the SMs and 128-row ones (256 threads) for a
+    shorter one, each build loaded once and kept beside the other; one x' layout serves both."""
+    from int4jit import api
+    layer = _stubbed_layer(Int4Linear.from_linear(torch.nn.Linear(512, 384), group_size=128))
+    layer.device.arch, layer.device.sm_count, layer.device.supports_overlap = "sm_90", 8, True
+    loaded, launched = [], []
+
+    def fake_load(dev, spec):
+        loaded.append((spec.kernel, spec.block))
+        run = lambda args, stream: launched.append((spec.kernel, spec.block))
+        return type("K", (), {"launch_packed": staticmethod(run)})()
+
+    monkeypatch.setattr(api, "load", fake_load)
+    for T, block in ((1000, 384), (128, 256), (1000, 384), (129, 256)):  # 2 row tiles x 8, 1, 8, 2 token tiles
+        launched.clear()
+        layer.matmul(torch.randn(T, 512).half(), torch.empty(T, 384).half())
+        assert launched == [("xperm", 256), ("gemm", block)]
+    assert loaded == [("xperm", 256), ("gemm", 384), ("xperm", 256), ("gemm", 256)]
 
 
 def test_launch_chunks_walks_x_and_y_a_chunk_a_launch(monkeypatch):
