@@ -266,16 +266,16 @@ inline u32 smem_address(const void* p) { return (u32)((const char*)p - i4emu::dy
 inline char* smem_pointer(u32 a) { return i4emu::dynamic_smem[i4emu::rank] + a; }
 namespace i4emu {
 // Under the block's mbarrier lock: the phase completes once nothing is pending.
-inline void mbar_settle(Mbarrier& m, Block& b = *block) {
+inline void mbar_settle(Mbarrier& m) {
     if (m.pending == 0 && m.tx == 0) {
         m.phase ^= 1u;
         m.pending = m.count;
-        b.mbar_done.notify_all();
+        block->mbar_done.notify_all();
     }
 }
-inline Mbarrier& mbarrier(u32 bar, Block& b = *block) {
-    auto it = b.mbarriers.find(bar);
-    if (it == b.mbarriers.end()) {  // no way on from here: the threads would wait for nothing
+inline Mbarrier& mbarrier(u32 bar) {
+    auto it = block->mbarriers.find(bar);
+    if (it == block->mbarriers.end()) {  // no way on from here: the threads would wait for nothing
         std::fprintf(stderr, "emulated kernel: mbarrier at shared offset %u used before mbarrier.init\n", bar);
         std::abort();
     }
