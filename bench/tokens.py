@@ -9,9 +9,12 @@ against a float64 dequantise-and-matmul on the GPU (fresh random data).
 
     python3 bench/tokens.py                                   # suite shapes, g128 and g32, M = 1, 8
     python3 bench/tokens.py --shapes 4096x4096 --tokens 1,2,4,8,16 --groups 128
+    python3 bench/tokens.py --resume                          # go on with today's cut-short run
 
-Writes bench/results/tokens-<date>.json and the "Several tokens and bf16" section of
-bench/RESULTS.md (only for the default, whole run)."""
+Writes bench/results/tokens-<date>.json after every shape and the "Several tokens and bf16"
+section of bench/RESULTS.md once the default run (suite shapes, g128 and g32, M = 1, 8) is whole.
+The first calls tune and the suite is long: where one process cannot finish (a time limit),
+rerun it with --resume until the section is written; it skips the shapes today's JSON holds."""
 import argparse
 import datetime
 import json
@@ -62,18 +65,32 @@ def main():
     ap.add_argument("--tokens", default="1,8", help="comma-separated M (default 1,8)")
     ap.add_argument("--groups", default="128,32")
     ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="compile processes")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows of today's JSON (same tokens and groups) and measure only the shapes it lacks")
     args = ap.parse_args()
     torch = gpu_or_exit("tokens.py")
     shapes = SUITE if not args.shapes else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     tokens = [int(m) for m in args.tokens.split(",")]
     groups = [int(g) for g in args.groups.split(",")]
     dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-    compile_all(specs_to_compile(shapes, groups, tokens, list(dtypes)), args.jobs)
     date = datetime.date.today().isoformat()
-    doc = {"date": date, "device": torch.cuda.get_device_name(), "tokens": tokens, "groups": groups,
-           "int4jit": int4jit.__version__, "command": " ".join(["python3 bench/tokens.py", *sys.argv[1:]]), "rows": []}
-    rows = doc["rows"]
     json_path = RESULTS_DIR / f"tokens-{date}.json"
+    doc = {"date": date, "device": torch.cuda.get_device_name(), "tokens": tokens, "groups": groups,
+           "int4jit": int4jit.__version__,
+           "command": " ".join(["python3 bench/tokens.py", *(a for a in sys.argv[1:] if a != "--resume")]), "rows": []}
+    if args.resume and json_path.exists():
+        done = json.loads(json_path.read_text())
+        if (done["tokens"], done["groups"], done["device"]) != (tokens, groups, doc["device"]):
+            sys.exit(f"--resume: {json_path} measured tokens {done['tokens']}, groups {done['groups']} on "
+                     f"{done['device']}; this run asks for {tokens}, {groups} on {doc['device']}")
+        cells = {(r["N"], r["K"], r["group"], r["dtype"]) for r in done["rows"]}
+        measured = {(N, K) for (N, K, _, _) in cells
+                    if all((N, K, G, d) in cells for G in groups for d in dtypes)}  # a shape cut short goes again
+        doc["rows"] = [r for r in done["rows"] if (r["N"], r["K"]) in measured]
+        print(f"--resume: {len(measured)} shapes measured already ({json_path})")
+        shapes = [s for s in shapes if s not in measured]
+    rows = doc["rows"]
+    compile_all(specs_to_compile(shapes, groups, tokens, list(dtypes)), args.jobs)
     print("| N×K | g | dtype | " + " | ".join(f"M={m} µs" for m in tokens) + " | bf16/fp16 M=1 | M=8 / M=1 fp16 | kernels | worst rel err |")
     for (N, K) in shapes:
         for G in groups:
@@ -106,7 +123,7 @@ def main():
             torch.cuda.empty_cache()
             json_path.write_text(json.dumps(doc, indent=1))  # after every shape: a cut-short run keeps them
     if args.shapes is None and args.tokens == "1,8" and args.groups == "128,32":
-        write_section(SECTION, markdown(doc))
+        write_section(SECTION, markdown(doc))  # whole: this run measured every shape the JSON lacked
 
 
 def markdown(doc) -> str:
