@@ -426,11 +426,11 @@ def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -
 
 
 # The prefill GEMM (templates/gemm_sm90.hip): Hopper's wgmma, so sm_90a code for sm_90 devices.
-# Tiles of 192 rows (three warpgroups) where N allows, else 128 (two), by 128 tokens; a 4-stage
-# ring of x' (32 KB a stage). Measured on an H100 against 64-token tiles and 3 or 6 stages, and
-# 192 rows against 128 (docs/performance.md).
+# Tiles of 192 rows (three warpgroups) where N allows and they fill a wave, else 128 (two), by
+# 128 tokens (gemm_rows, per call); a 4-stage ring of x' (32 KB a stage). Measured on an H100
+# against 64-token tiles and 3 or 6 stages, and 192 rows against 128 (docs/performance.md).
 GEMM_ARCHS = {"sm_90": "sm_90a", "sm_90a": "sm_90a"}
-GEMM_ROW_TILES = (192, 128)  # rows a tile, the first that divides N
+GEMM_ROW_TILES = (192, 128)  # the tile heights, rows
 GEMM_TOKENS, GEMM_STAGES = 128, 4
 # A block's slot of the partial sums: the fp32 D of the largest block (a warpgroup, 128 threads,
 # for each 64 rows; GEMM_TOKENS / 2 sums a thread).
