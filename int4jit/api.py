@@ -436,9 +436,9 @@ class GemvWeights:
         x laid out for the GEMM in a workspace (templates/xperm.hip), then the GEMM that reads the
         int4 weights itself (templates/gemm_sm90.hip in tiles of gemm_rows(N, T) rows: the last
         waves' tiles, or too few tiles to fill the SMs, cut between them so all end together;
-        with PDL it starts while the first drains), on torch's current stream; no dense copy of the weight. x and out: contiguous
-        float16 or bfloat16 tensors of T x K and T x N elements on the layer's device, checked by
-        the caller as __call__ checks x.
+        with PDL it starts while the first drains), on torch's current stream; no dense copy of
+        the weight. x and out: contiguous float16 or bfloat16 tensors of T x K and T x N elements
+        on the layer's device, checked by the caller as __call__ checks x.
         NotImplementedError where gemm_unsupported says why."""
         T = x.numel() // self.K
         rows = gemm_rows(self.N, T, self.device.sm_count)

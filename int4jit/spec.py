@@ -430,7 +430,7 @@ def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -
 # 128 tokens (gemm_rows, per call); a 4-stage ring of x' (32 KB a stage). Measured on an H100
 # against 64-token tiles and 3 or 6 stages, and 192 rows against 128 (docs/performance.md).
 GEMM_ARCHS = {"sm_90": "sm_90a", "sm_90a": "sm_90a"}
-GEMM_ROW_TILES = (192, 128)  # the tile heights, rows
+GEMM_ROW_TILES = (192, 128)  # the tile heights, rows, tallest first
 GEMM_TOKENS, GEMM_STAGES = 128, 4
 # A block's slot of the partial sums: the fp32 D of the largest block (a warpgroup, 128 threads,
 # for each 64 rows; GEMM_TOKENS / 2 sums a thread).
@@ -443,15 +443,15 @@ def gemm_row_tiles(N: int) -> tuple:
 
 
 def gemm_rows(N: int, tokens: int, sm_count: int) -> int:
-    """Rows of the GEMM's tiles for a call of `tokens` tokens: 192 (three warpgroups) where they
-    divide N and make at least 3/4 of a wave of tiles (so whole tiles run: q+k+v, 6144 rows at
-    512 tokens, is one wave of 128 on 132 SMs, not 1.45 of 192), else 128 (fewer tiles than that
-    are cut between blocks, and cut 128-row tiles measured faster: q+k+v at 128 tokens 24.0
-    against 27.1 us, H100); 0 where neither divides N."""
-    fits = gemm_row_tiles(N)
-    if 192 in fits and (128 not in fits or 4 * (N // 192) * -(-tokens // GEMM_TOKENS) >= 3 * sm_count):
-        return 192
-    return 128 if 128 in fits else 0
+    """Rows of the GEMM's tiles for a call of `tokens` tokens: the tallest height of
+    GEMM_ROW_TILES that divides N and makes at least 3/4 of a wave of tiles, else the shortest
+    that divides N; 0 where none does. So 192 (three warpgroups) where whole tiles then run
+    (q+k+v, 6144 rows at 512 tokens, is one wave of 128 on 132 SMs, not 1.45 of 192), else 128
+    (fewer tiles than that are cut between blocks, and cut 128-row tiles measured faster: q+k+v
+    at 128 tokens 24.0 against 27.1 us, H100)."""
+    fits = gemm_row_tiles(N)  # tallest first
+    token_tiles = -(-tokens // GEMM_TOKENS)
+    return next((rows for rows in fits[:-1] if 4 * (N // rows) * token_tiles >= 3 * sm_count), fits[-1] if fits else 0)
 
 
 def gemm_workspace_bytes(tokens: int, K: int, sm_count: int) -> int:

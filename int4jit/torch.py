@@ -149,9 +149,10 @@ class Int4Linear(nn.Module):
     the tensor-core kernels (NVIDIA sm_80+); a dtype and token count no kernel serves on the
     target falls back, said once. Up to `chunked_tokens` (CHUNK_LIMITS) the kernel runs once per 16
     tokens, but on Hopper (sm_90) a prompt of GEMM_MIN_TOKENS to `gemm_max_tokens` (GEMM_MAX_TOKENS,
-    or 0 under GEMM_MIN_BYTES of weights) runs the int4 GEMM (GemvWeights.matmul); other prefills dequantise once per call on the GPU with one int4jit
-    launch (templates/dequant.hip) and use torch.matmul; on the CPU the dequantised
-    weight is kept per module (up to CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
+    or 0 under GEMM_MIN_BYTES of weights) runs the int4 GEMM (GemvWeights.matmul); other prefills
+    dequantise once per call on the GPU with one int4jit launch (templates/dequant.hip) and use
+    torch.matmul; on the CPU the dequantised weight is kept per module (up to
+    CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
     enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
     constants). A conversion of the model's dtype leaves the scales as quantised. The weight
     buffers are GemvWeights' (fixed while in use: a kernel that writes them must not be the one

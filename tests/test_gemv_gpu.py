@@ -596,8 +596,8 @@ def test_gemm_chain_reads_each_output_after_it_is_written():
 
 
 def test_gemm_refuses_what_it_cannot_serve():
-    """N a multiple of neither 128 nor 192, or groups of 16: NotImplementedError naming the limits (Int4Linear
-    then dequantises)."""
+    """N a multiple of neither 128 nor 192, or groups of 16: NotImplementedError naming the limits
+    (Int4Linear then dequantises)."""
     if not _hopper():
         pytest.skip("the int4 GEMM is Hopper's (sm_90)")
     t = _torch()

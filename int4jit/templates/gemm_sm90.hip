@@ -23,14 +23,15 @@
 //     Cutting only the last waves keeps the data-parallel part's weight reuse (cutting
 //     them all measured slower: a block's tiles then run at other times than their row tile's).
 // A block is WGS warpgroups (3 where N allows, else 2: spec.gemm_rows), each owning 64 rows of
-// the tile and the whole token range, D = 64 x TOK fp32 in registers (wgmma m64nTOKk16). A tile cut between blocks: the block whose range
-// ends inside it writes its D to its slot of the partial sums (after x' in the caller's
-// workspace) and raises its flag; the block holding the tile's last step does that segment
-// last of all, waits for the flags of the earlier blocks that hold the rest, adds their D
-// (highest block first: deterministic) and stores y. A block waits only for lower-numbered
-// blocks, which the GPU started before it and which raise their flag before they wait
-// themselves: no cycle, and no wait on a block that a waiting one keeps off the GPU (as where
-// MPS or another kernel leaves fewer SMs than blocks). The flags are zeroed by xperm.hip.
+// the tile and the whole token range, D = 64 x TOK fp32 in registers (wgmma m64nTOKk16). A tile
+// cut between blocks: the block whose range ends inside it writes its D to its slot of the
+// partial sums (after x' in the caller's workspace) and raises its flag; the block holding the
+// tile's last step does that segment last of all, waits for the flags of the earlier blocks that
+// hold the rest, adds their D (highest block first: deterministic) and stores y. A block waits
+// only for lower-numbered blocks, which the GPU started before it and which raise their flag
+// before they wait themselves: no cycle, and no wait on a block that a waiting one keeps off the
+// GPU (as where MPS or another kernel leaves fewer SMs than blocks). The flags are zeroed by
+// xperm.hip.
 //
 // Per step of 128 k:
 //   - thread 0 fills the STAGES-deep ring: it waits until every warpgroup has released the stage
