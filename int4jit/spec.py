@@ -409,20 +409,22 @@ def make_spec(shape: GemvShape, arch: str, kernel: str, config: LaunchConfig, va
 
 
 DEQUANT_BLOCK = 256
+DEQUANT_WORDS = 4   # 32-bit words of w a thread (16 bytes of loads in flight)
 DEQUANT_OUT = ("float16", "bfloat16")
 
 
 def make_dequant_spec(shape: GemvShape, arch: str, out_dtype: str = "float16") -> KernelSpec:
     """templates/dequant.hip: the dense [N, K] weight in fp16 or bf16 (prefill's one pass a call).
-    One thread a 32-bit word of w; no tuning (it streams at copy speed)."""
+    DEQUANT_WORDS 32-bit words of w a thread; no tuning (it streams at copy speed)."""
     if out_dtype not in DEQUANT_OUT:
         raise ValueError(f"dequantised weights are one of {DEQUANT_OUT}; got {out_dtype!r}")
     words = shape.N * shape.K // 8
     return KernelSpec(
         shape, arch, "dequant", LaunchConfig(DEQUANT_BLOCK, 2), SIMT_VARIANT,
         (("OUT_BF16", "true" if out_dtype == "bfloat16" else "false"),
-         ("SCALE_BF16", "true" if shape.scale_dtype == "bfloat16" else "false")), _ceil(words, DEQUANT_BLOCK),
-        DEQUANT_BLOCK, False, rows_per_block=0, k_efficiency=1.0, inflight_bytes=4, thread_bytes=4, regs=32)
+         ("SCALE_BF16", "true" if shape.scale_dtype == "bfloat16" else "false"), ("WPT", DEQUANT_WORDS)),
+        _ceil(words, DEQUANT_BLOCK * DEQUANT_WORDS), DEQUANT_BLOCK, False, rows_per_block=0, k_efficiency=1.0,
+        inflight_bytes=4 * DEQUANT_WORDS, thread_bytes=4 * DEQUANT_WORDS, regs=32)
 
 
 # The prefill GEMM (templates/gemm_sm90.hip): Hopper's wgmma, so sm_90a code for sm_90 devices.

@@ -76,10 +76,14 @@ __device__ __forceinline__ float h_to_f(u16 h) {
 __device__ __forceinline__ u16 f_to_h(float f) {
     u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
-// fp32 -> bf16, round to nearest even (finite values).
+// fp32 -> bf16, round to nearest even (finite values): one cvt from sm_80 on.
 __device__ __forceinline__ u16 f_to_bf16(float f) {
+#if __CUDA_ARCH__ >= 800
+    u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+#else
     const u32 u = __float_as_uint(f);
     return (u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 __device__ __forceinline__ float warp_xor(float v, int mask) {
     return __shfl_xor_sync(0xffffffffu, v, mask);
