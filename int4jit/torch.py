@@ -152,9 +152,8 @@ class Int4Linear(nn.Module):
     or 0 under GEMM_MIN_BYTES of weights) runs the int4 GEMM (GemvWeights.matmul); other prefills
     dequantise once per call on the GPU with one int4jit launch (templates/dequant.hip) and use
     torch.matmul; on the CPU the dequantised weight is kept per module (up to
-    CPU_DENSE_CACHE_BYTES). An x that requires grad (grad
-    enabled) goes through the custom op, whose backward gives dL/dx (the int4 weights are
-    constants). A conversion of the model's dtype leaves the scales as quantised. The weight
+    CPU_DENSE_CACHE_BYTES). An x that requires grad (grad enabled) goes through the custom op,
+    whose backward gives dL/dx (the int4 weights are constants). A conversion of the model's dtype leaves the scales as quantised. The weight
     buffers are GemvWeights' (fixed while in use: a kernel that writes them must not be the one
     launched right before the layer's call on its stream)."""
 
