@@ -156,6 +156,9 @@ def _check_quantize_args(W, group_size, symmetric, kind: str):
     if kind == "torch":
         if not W.dtype.is_floating_point:
             raise TypeError(f"W must be a floating-point tensor [N, K]; got {_describe(W)}")
+        if W.device.type == "meta":
+            raise ValueError(f"W is a meta tensor {tuple(W.shape)} (no values to quantize); load the "
+                             f"weights first (e.g. model.to_empty(device=...) and load_state_dict)")
         shape = tuple(W.shape)
     else:
         arr = W if kind == "cupy" else _as_float_numpy(W)

@@ -60,6 +60,7 @@ GEMM_MAX_TOKENS = 512
 GEMM_MIN_BYTES = 6 << 20
 # The prompt shapes a module keeps its prefill path for (forward's fast path); a server sees many.
 PROMPT_SHAPES = 64
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NO_DENSE = (None, (), ())  # Int4Linear._dense_of where no CPU dense weight is kept: (dtype, weights, versions)
 
 
@@ -271,6 +272,9 @@ class Int4Linear(nn.Module):
                 return y if self.bias is None else y.add_(self.bias)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
+        if x.dtype not in INPUT_DTYPES:  # an integer x would meet a weight truncated to integers
+            raise TypeError(f"Int4Linear takes float16 or bfloat16 inputs (the int4jit kernels), or float32 or "
+                            f"float64 (dequantise + matmul); got {x.dtype}")
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         tokens = x.numel() // self.in_features

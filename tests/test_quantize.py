@@ -285,6 +285,8 @@ def test_bad_torch_arguments_are_named():
         quantize(torch.zeros((1, 4, 64)), 32)
     with pytest.raises(ValueError, match="K=96"):
         quantize(torch.zeros((4, 96)), 64)
+    with pytest.raises(ValueError, match=r"meta tensor \(4, 64\).*load the weights first"):
+        quantize(torch.empty((4, 64), device="meta"), 32)  # a model built on the meta device, not loaded
 
 
 def test_non_contiguous_numpy_inputs():

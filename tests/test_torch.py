@@ -42,6 +42,17 @@ def test_wrong_width_is_an_error():
         q(torch.randn(1, 64))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.bool, torch.complex64])
+def test_a_non_float_input_is_an_error_as_in_nn_linear(dtype):
+    # dequantised to an integer dtype, the weight would truncate to zeros and y come out all 0
+    q = Int4Linear.from_linear(torch.nn.Linear(128, 16), group_size=32)
+    with pytest.raises(TypeError, match=f"float16 or bfloat16.*got {dtype}"):
+        q(torch.ones(2, 128, dtype=dtype))
+    x = torch.randn(2, 128, dtype=torch.float64)  # float32 and float64 dequantise + matmul
+    W = int4jit.dequantize(q.w.numpy(), q.scales.numpy(), q.zeros.numpy()).astype(np.float64)
+    assert rel_error(q(x).detach().numpy(), x.numpy() @ W.T + q.bias.detach().double().numpy()) < 1e-6
+
+
 @pytest.mark.gpu
 def test_int4linear_gpu_eager_and_graph_capture():
     lin = torch.nn.Linear(4096, 2048, bias=True).cuda()
