@@ -6,7 +6,11 @@ zeros uint8 [N, K/g] or None (symmetric, zero point 8), perm int32 [K] or None.
 Act-order (GPTQ desc_act, MatMulNBits g_idx): a checkpoint whose input k belongs to group
 g_idx[k] is stored with its K axis sorted by group (stable), so groups are contiguous, and
 perm = argsort(g_idx, stable): column j of the canonical w is the checkpoint's input perm[j],
-and y = dequantize(w, scales, zeros) @ x[perm] is the checkpoint's y = W @ x."""
+and y = dequantize(w, scales, zeros) @ x[perm] is the checkpoint's y = W @ x.
+
+Per-channel checkpoints (GPTQ/AWQ group_size=-1: one scale and zero point a row, over all of K)
+are read into groups of PER_CHANNEL_GROUPS' first size that divides K, each row's scale and zero
+point repeated across its groups: the same weights exactly, served by the kernels' group sizes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -18,6 +22,7 @@ from .shapes import SUPPORTED_GROUPS
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ GEMM: nibble slot i holds column 8c + AWQ_ORDER[i]
 GPTQ_V1_ZERO_OFFSET = 0x11111111       # GPTQ v1 qzeros word = packed true zeros - this, mod 2**32
+PER_CHANNEL_GROUPS = (128, 256, 64, 32, 16)  # group_size=-1 read as: the most tuned size first (table.json)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,9 +91,28 @@ def _as_fp16_scales(scales, shape, what: str) -> np.ndarray:
     return np.ascontiguousarray(s16)
 
 
-def _check_block(block_size: int, what: str):
+def _check_block(block_size: int, what: str, name: str = "block_size"):
     if block_size not in SUPPORTED_GROUPS:
-        raise ValueError(f"{what} block_size={block_size} is not supported: expected one of {SUPPORTED_GROUPS}")
+        raise ValueError(f"{what} {name}={block_size} is not supported: expected one of {SUPPORTED_GROUPS}")
+
+
+def _checkpoint_group(group_size: int, what: str) -> int | None:
+    """A GPTQ/AWQ group_size, checked: the size, or None for -1 (per channel: a group of all K)."""
+    if group_size == -1:
+        return None
+    _check_block(group_size, what, "group_size")
+    return group_size
+
+
+def _per_channel(K: int, s: np.ndarray, z: np.ndarray | None, what: str):
+    """Scales [N, 1] and zero points [N, 1] (or None) of per-channel rows -> the same values in
+    groups of PER_CHANNEL_GROUPS' first size that divides K: [N, K/g] each."""
+    g = next((g for g in PER_CHANNEL_GROUPS if K % g == 0), None)
+    if g is None:
+        raise ValueError(f"{what} group_size=-1 (per channel) with K={K}: int4jit's groups need K to be a "
+                         f"multiple of one of {SUPPORTED_GROUPS}")
+    expand = lambda a: None if a is None else np.ascontiguousarray(np.repeat(a, K // g, axis=1))
+    return expand(s), expand(z)
 
 
 def _int_array(a, name: str, what: str, dtype, ndim: int, layout: str) -> np.ndarray:
@@ -236,21 +260,25 @@ def _unpack_int32_columns(q: np.ndarray, order) -> np.ndarray:
 
 def from_awq(qweight, qzeros, scales, *, group_size: int) -> Int4Weights:
     """AWQ GEMM tensors -> canonical. qweight int32 [K, N/8], qzeros int32 [K/G, N/8]
-    (both with the AWQ nibble interleave), scales fp16 [K/G, N]; w = (q - z) * s."""
-    _check_block(group_size, "AWQ")
+    (both with the AWQ nibble interleave), scales fp16 [K/G, N]; w = (q - z) * s.
+    group_size=-1: one group of all K (per channel; see the module docstring)."""
+    group = _checkpoint_group(group_size, "AWQ")
     qweight = _int_array(qweight, "qweight", "AWQ", np.int32, 2, "[K, N/8]")
     qzeros = _int_array(qzeros, "qzeros", "AWQ", np.int32, 2, "[K/G, N/8]")
     K, N = qweight.shape[0], qweight.shape[1] * 8
-    if K % group_size:
+    group = group or K
+    if K % group:
         raise ValueError(f"AWQ K={K} must be a multiple of group_size={group_size}")
-    if qzeros.shape != (K // group_size, N // 8):
-        raise ValueError(f"AWQ qzeros must be int32 [K/G, N/8] = {(K // group_size, N // 8)}; got {qzeros.shape}")
+    if qzeros.shape != (K // group, N // 8):
+        raise ValueError(f"AWQ qzeros must be int32 [K/G, N/8] = {(K // group, N // 8)}; got {qzeros.shape}")
     q = _unpack_int32_columns(qweight, AWQ_ORDER)            # [K, N]
-    z = _unpack_int32_columns(qzeros, AWQ_ORDER)             # [K/G, N]
-    if np.shape(scales) != (K // group_size, N):
-        raise ValueError(f"AWQ scales must be [K/G, N] = {(K // group_size, N)}; got {np.shape(scales)}")
-    s = _as_fp16_scales(np.asarray(scales).T, (N, K // group_size), "AWQ")
-    return Int4Weights(pack_nibbles(q.T), s, np.ascontiguousarray(z.T))
+    z = np.ascontiguousarray(_unpack_int32_columns(qzeros, AWQ_ORDER).T)  # [N, K/G]
+    if np.shape(scales) != (K // group, N):
+        raise ValueError(f"AWQ scales must be [K/G, N] = {(K // group, N)}; got {np.shape(scales)}")
+    s = _as_fp16_scales(np.asarray(scales).T, (N, K // group), "AWQ")
+    if group_size == -1:
+        s, z = _per_channel(K, s, z, "AWQ")
+    return Int4Weights(pack_nibbles(q.T), s, z)
 
 
 # -- GPTQ --------------------------------------------------------------------------------
@@ -266,19 +294,21 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, group_size: int, version: 
     module docstring). g_idx=None means the plain ramp k // G: an act-order checkpoint read without
     its g_idx gives wrong weights, and the tensors alone cannot tell -- read the checkpoint's
     quantize config (from_quantized_layer does).
-    symmetric=True returns zeros=None after checking every zero point is 8."""
-    _check_block(group_size, "GPTQ")
+    symmetric=True returns zeros=None after checking every zero point is 8.
+    group_size=-1: one group of all K (per channel; see the module docstring)."""
+    group = _checkpoint_group(group_size, "GPTQ")
     if version not in (1, 2):
         raise ValueError(f"GPTQ version must be 1 (zeros - 0x11111111 stored) or 2 (true zeros); got {version!r}")
     qweight = _int_array(qweight, "qweight", "GPTQ", np.int32, 2, "[K/8, N]")
     qzeros = _int_array(qzeros, "qzeros", "GPTQ", np.int32, 2, "[K/G, N/8]")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
-    if K % group_size:
+    group = group or K
+    if K % group:
         raise ValueError(f"GPTQ K={K} must be a multiple of group_size={group_size}")
-    G = K // group_size
+    G = K // group
     if qzeros.shape != (G, -(-N // 8)) or N % 8:
         raise ValueError(f"GPTQ qzeros must be int32 [K/G, N/8] = {(G, N // 8)} (N a multiple of 8); got {qzeros.shape}")
-    perm = None if g_idx is None else act_order_perm(g_idx, K, group_size, "GPTQ")
+    perm = None if g_idx is None else act_order_perm(g_idx, K, group, "GPTQ")
     q32 = qweight.view(np.uint32)
     q = np.empty((K // 8, 8, N), dtype=np.uint8)
     for i in range(8):
@@ -292,12 +322,13 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, group_size: int, version: 
         raise ValueError(f"GPTQ scales must be [K/G, N] = {(G, N)}; got {np.shape(scales)}")
     s = _as_fp16_scales(np.asarray(scales).T, (N, G), "GPTQ")
     qt = q.T if perm is None else q.T[:, perm]
-    if symmetric:
-        if not np.all(z == 8):
-            raise ValueError(f"GPTQ symmetric=True but zero points are not all 8 (found {np.unique(z)[:4]}...): "
-                             f"wrong version= (v1 stores 0x77777777, v2 0x88888888)?")
-        return Int4Weights(pack_nibbles(qt), s, None, perm)
-    return Int4Weights(pack_nibbles(qt), s, np.ascontiguousarray(z.T), perm)
+    if symmetric and not np.all(z == 8):
+        raise ValueError(f"GPTQ symmetric=True but zero points are not all 8 (found {np.unique(z)[:4]}...): "
+                         f"wrong version= (v1 stores 0x77777777, v2 0x88888888)?")
+    z = None if symmetric else np.ascontiguousarray(z.T)
+    if group_size == -1:
+        s, z = _per_channel(K, s, z, "GPTQ")
+    return Int4Weights(pack_nibbles(qt), s, z, perm)
 
 
 # -- whole checkpoints: the quantize config says what the tensors cannot -------------------

@@ -145,6 +145,41 @@ def test_gptq_matches_documented_layout(version):
     np.testing.assert_array_equal(int4jit.dequantize(w, sc, zc), expected.T.astype(np.float32))
 
 
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+@pytest.mark.parametrize("K,groups", [(512, 4), (384, 3), (96, 3), (80, 5)])  # g = 128, 128, 32, 16
+def test_per_channel_checkpoints_read_as_groups_of_the_same_values(fmt, K, groups):
+    # group_size=-1: one scale and zero point a row; read into `groups` groups a row repeating them
+    rng = np.random.default_rng()
+    N = 24
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    z = rng.integers(1, 16, (1, N), dtype=np.uint8)
+    s = (rng.random((1, N)) * 0.1 + 0.01).astype(np.float16)
+    if fmt == "awq":
+        out = int4jit.from_awq(pack_awq(q), pack_awq(z), s, group_size=-1)
+    else:
+        out = int4jit.from_gptq(pack_gptq_weight(q), pack_gptq_zeros(z - 1), s, np.zeros(K, np.int32), group_size=-1)
+    assert out.perm is None and out.scales.shape == out.zeros.shape == (N, groups)
+    assert (out.scales == s.T).all() and (out.zeros == z.T).all()
+    expected = (q.astype(np.float64) - z) * s.astype(np.float64)  # [K, N]
+    np.testing.assert_array_equal(int4jit.dequantize(*out), expected.T.astype(np.float32))
+    config = {"quant_method": fmt, "bits": 4, "group_size": -1, "desc_act": fmt == "gptq"}
+    tensors = {"qweight": pack_awq(q), "qzeros": pack_awq(z), "scales": s} if fmt == "awq" else \
+        {"qweight": pack_gptq_weight(q), "qzeros": pack_gptq_zeros(z - 1), "scales": s, "g_idx": np.zeros(K, np.int32)}
+    np.testing.assert_array_equal(int4jit.dequantize(*int4jit.from_quantized_layer(config, tensors)), int4jit.dequantize(*out))
+    sym = int4jit.from_gptq(pack_gptq_weight(q), pack_gptq_zeros(np.full((1, N), 7, np.uint8)), s, group_size=-1,
+                            symmetric=True)
+    assert sym.zeros is None and sym.scales.shape == (N, groups)
+
+
+def test_per_channel_needs_k_in_whole_groups_and_other_sizes_are_named():
+    with pytest.raises(ValueError, match="group_size=-1 .per channel. with K=72"):
+        int4jit.from_gptq(np.zeros((9, 8), np.int32), np.zeros((1, 1), np.int32), np.ones((1, 8), np.float16),
+                          group_size=-1)
+    with pytest.raises(ValueError, match=r"GPTQ group_size=-2 is not supported"):
+        int4jit.from_gptq(np.zeros((8, 8), np.int32), np.zeros((1, 1), np.int32), np.ones((1, 8), np.float16),
+                          group_size=-2)
+
+
 def test_gptq_symmetric_v1_stores_seven():
     rng = np.random.default_rng()
     K, N, G = 256, 16, 32
