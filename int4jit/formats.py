@@ -8,9 +8,10 @@ g_idx[k] is stored with its K axis sorted by group (stable), so groups are conti
 perm = argsort(g_idx, stable): column j of the canonical w is the checkpoint's input perm[j],
 and y = dequantize(w, scales, zeros) @ x[perm] is the checkpoint's y = W @ x.
 
-Per-channel checkpoints (GPTQ/AWQ group_size=-1: one scale and zero point a row, over all of K)
-are read into groups of PER_CHANNEL_GROUPS' first size that divides K, each row's scale and zero
-point repeated across its groups: the same weights exactly, served by the kernels' group sizes."""
+Groups wider than the kernels' (SUPPORTED_GROUPS): a checkpoint's group of a multiple of one of
+them (MatMulNBits block_size 512, 1024, ...) or of all of K (GPTQ/AWQ group_size=-1, per channel:
+one scale and zero point a row) is read as groups of WIDE_GROUPS' first size that divides it, each
+scale and zero point repeated across them: the same weights exactly, on the kernels' group sizes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -22,7 +23,7 @@ from .shapes import SUPPORTED_GROUPS
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ GEMM: nibble slot i holds column 8c + AWQ_ORDER[i]
 GPTQ_V1_ZERO_OFFSET = 0x11111111       # GPTQ v1 qzeros word = packed true zeros - this, mod 2**32
-PER_CHANNEL_GROUPS = (128, 256, 64, 32, 16)  # group_size=-1 read as: the most tuned size first (table.json)
+WIDE_GROUPS = (128, 256, 64, 32, 16)  # a wider group read as: the most tuned size first (table.json)
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,28 +92,39 @@ def _as_fp16_scales(scales, shape, what: str) -> np.ndarray:
     return np.ascontiguousarray(s16)
 
 
-def _check_block(block_size: int, what: str, name: str = "block_size"):
-    if block_size not in SUPPORTED_GROUPS:
-        raise ValueError(f"{what} {name}={block_size} is not supported: expected one of {SUPPORTED_GROUPS}")
+def kernel_group(group: int, what: str, name: str = "block_size") -> int:
+    """The group size the kernels serve a checkpoint's `group` with (-1 already read as K): itself
+    where supported, else the first of WIDE_GROUPS that divides it (see the module docstring)."""
+    if isinstance(group, (int, np.integer)) and not isinstance(group, bool):
+        if group in SUPPORTED_GROUPS:
+            return int(group)
+        wide = next((g for g in WIDE_GROUPS if group > 0 and group % g == 0), None)
+        if wide:
+            return wide
+    raise ValueError(f"{what} {name}={group!r} is not supported: expected one of {SUPPORTED_GROUPS} or a "
+                     f"multiple of one (read as groups of that size)")
 
 
-def _checkpoint_group(group_size: int, what: str) -> int | None:
-    """A GPTQ/AWQ group_size, checked: the size, or None for -1 (per channel: a group of all K)."""
-    if group_size == -1:
-        return None
-    _check_block(group_size, what, "group_size")
-    return group_size
+def _checkpoint_group(group_size, K: int, what: str) -> tuple[int, int]:
+    """A GPTQ/AWQ group_size for K inputs -> (the checkpoint's group, the kernels' group);
+    -1 is one group of all K (per channel)."""
+    group = K if group_size == -1 and not isinstance(group_size, bool) else group_size
+    try:
+        return group, kernel_group(group, what, "group_size")
+    except ValueError:
+        if group_size == -1:
+            raise ValueError(f"{what} group_size=-1 (per channel) with K={K}: int4jit reads it as groups of "
+                             f"one of {SUPPORTED_GROUPS}, so K must be a multiple of one") from None
+        raise ValueError(f"{what} group_size={group_size!r} is not supported: expected one of {SUPPORTED_GROUPS}, "
+                         f"a multiple of one (read as groups of that size) or -1 (per channel)") from None
 
 
-def _per_channel(K: int, s: np.ndarray, z: np.ndarray | None, what: str):
-    """Scales [N, 1] and zero points [N, 1] (or None) of per-channel rows -> the same values in
-    groups of PER_CHANNEL_GROUPS' first size that divides K: [N, K/g] each."""
-    g = next((g for g in PER_CHANNEL_GROUPS if K % g == 0), None)
-    if g is None:
-        raise ValueError(f"{what} group_size=-1 (per channel) with K={K}: int4jit's groups need K to be a "
-                         f"multiple of one of {SUPPORTED_GROUPS}")
-    expand = lambda a: None if a is None else np.ascontiguousarray(np.repeat(a, K // g, axis=1))
-    return expand(s), expand(z)
+def _repeat_groups(s: np.ndarray, z: np.ndarray | None, times: int):
+    """Scales and zero points [N, G] -> [N, G * times], each repeated `times` times in place."""
+    if times == 1:
+        return s, z
+    rep = lambda a: None if a is None else np.ascontiguousarray(np.repeat(a, times, axis=1))
+    return rep(s), rep(z)
 
 
 def _int_array(a, name: str, what: str, dtype, ndim: int, layout: str) -> np.ndarray:
@@ -159,7 +171,7 @@ def from_matmulnbits(B, scales, zero_points=None, *, K: int, N: int, block_size:
     what = name
     if bits != 4:
         raise ValueError(f"{what}: bits={bits}: int4jit reads bits=4 only")
-    _check_block(block_size, what)
+    group = kernel_group(block_size, what)
     for arg, v in (("K", K), ("N", N)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{what}: {arg} must be a positive integer; got {v!r}")
@@ -194,6 +206,7 @@ def from_matmulnbits(B, scales, zero_points=None, *, K: int, N: int, block_size:
             perm = np.concatenate([perm, np.arange(K, K_padded, dtype=np.int32)])  # padding stays last
             q = _unpack_low_first(w, K_padded)
             w = pack_nibbles(q[:, perm])
+    s, z = _repeat_groups(s, z, block_size // group)
     return Int4Weights(w, s, z, perm)
 
 
@@ -262,11 +275,10 @@ def from_awq(qweight, qzeros, scales, *, group_size: int) -> Int4Weights:
     """AWQ GEMM tensors -> canonical. qweight int32 [K, N/8], qzeros int32 [K/G, N/8]
     (both with the AWQ nibble interleave), scales fp16 [K/G, N]; w = (q - z) * s.
     group_size=-1: one group of all K (per channel; see the module docstring)."""
-    group = _checkpoint_group(group_size, "AWQ")
     qweight = _int_array(qweight, "qweight", "AWQ", np.int32, 2, "[K, N/8]")
     qzeros = _int_array(qzeros, "qzeros", "AWQ", np.int32, 2, "[K/G, N/8]")
     K, N = qweight.shape[0], qweight.shape[1] * 8
-    group = group or K
+    group, served = _checkpoint_group(group_size, K, "AWQ")
     if K % group:
         raise ValueError(f"AWQ K={K} must be a multiple of group_size={group_size}")
     if qzeros.shape != (K // group, N // 8):
@@ -276,8 +288,7 @@ def from_awq(qweight, qzeros, scales, *, group_size: int) -> Int4Weights:
     if np.shape(scales) != (K // group, N):
         raise ValueError(f"AWQ scales must be [K/G, N] = {(K // group, N)}; got {np.shape(scales)}")
     s = _as_fp16_scales(np.asarray(scales).T, (N, K // group), "AWQ")
-    if group_size == -1:
-        s, z = _per_channel(K, s, z, "AWQ")
+    s, z = _repeat_groups(s, z, group // served)
     return Int4Weights(pack_nibbles(q.T), s, z)
 
 
@@ -296,13 +307,12 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, group_size: int, version: 
     quantize config (from_quantized_layer does).
     symmetric=True returns zeros=None after checking every zero point is 8.
     group_size=-1: one group of all K (per channel; see the module docstring)."""
-    group = _checkpoint_group(group_size, "GPTQ")
     if version not in (1, 2):
         raise ValueError(f"GPTQ version must be 1 (zeros - 0x11111111 stored) or 2 (true zeros); got {version!r}")
     qweight = _int_array(qweight, "qweight", "GPTQ", np.int32, 2, "[K/8, N]")
     qzeros = _int_array(qzeros, "qzeros", "GPTQ", np.int32, 2, "[K/G, N/8]")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
-    group = group or K
+    group, served = _checkpoint_group(group_size, K, "GPTQ")
     if K % group:
         raise ValueError(f"GPTQ K={K} must be a multiple of group_size={group_size}")
     G = K // group
@@ -326,8 +336,7 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, group_size: int, version: 
         raise ValueError(f"GPTQ symmetric=True but zero points are not all 8 (found {np.unique(z)[:4]}...): "
                          f"wrong version= (v1 stores 0x77777777, v2 0x88888888)?")
     z = None if symmetric else np.ascontiguousarray(z.T)
-    if group_size == -1:
-        s, z = _per_channel(K, s, z, "GPTQ")
+    s, z = _repeat_groups(s, z, group // served)
     return Int4Weights(pack_nibbles(qt), s, z, perm)
 
 

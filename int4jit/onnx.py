@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .formats import act_order_perm, from_matmulnbits
+from .formats import act_order_perm, from_matmulnbits, kernel_group
 
 log = logging.getLogger("int4jit.onnx")
 
@@ -115,8 +115,10 @@ def _read_node(name: str, node, inits: dict) -> MatMulNBitsWeights:
     zp = constant(ZERO_POINTS_INPUT, "zero_points")
     g_idx = constant(G_IDX_INPUT, "g_idx")
     bias = constant(BIAS_INPUT, "bias")
-    if block not in (16, 32, 64, 128, 256):
-        raise Unsupported(f"block_size={block}: int4jit's groups are 16, 32, 64, 128 or 256")
+    try:
+        kernel_group(block, name)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
     if prepacked and (K % 64 or N % 16):
         raise Unsupported(f"attribute weight_prepacked={prepacked} with K={K}, N={N}: the fpA_intB layout "
                           f"int4jit decodes needs K % 64 == 0 and N % 16 == 0")

@@ -36,7 +36,8 @@ def random_matmulnbits(rng, K, N, block, symmetric):
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
-@pytest.mark.parametrize("K,block", [(256, 16), (512, 32), (1024, 128), (768, 256), (200, 32), (1000, 64), (77 * 2, 16)])
+@pytest.mark.parametrize("K,block", [(256, 16), (512, 32), (1024, 128), (768, 256), (200, 32), (1000, 64), (77 * 2, 16),
+                                     (2048, 512), (1500, 512), (3072, 1024)])  # the last three: read as groups of 128
 def test_matmulnbits_against_onnxruntime(tmp_path, K, block, symmetric):
     ort = _need("onnxruntime")
     rng = np.random.default_rng()
@@ -171,13 +172,30 @@ def test_per_channel_checkpoints_read_as_groups_of_the_same_values(fmt, K, group
     assert sym.zeros is None and sym.scales.shape == (N, groups)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_gptq_groups_wider_than_the_kernels_read_exactly_with_act_order(version):
+    rng = np.random.default_rng()
+    K, N, G = 2048, 16, 512  # read as groups of 128
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    s = (rng.random((K // G, N)) * 0.1 + 0.01).astype(np.float16)
+    g_idx = _act_order_g_idx(rng, K, G)
+    qz = pack_gptq_zeros(z).view(np.uint32) - np.uint32(0x11111111 if version == 1 else 0)
+    out = int4jit.from_gptq(pack_gptq_weight(q), qz.view(np.int32), s, g_idx, group_size=G, version=version)
+    assert out.scales.shape == out.zeros.shape == (N, K // 128) and out.perm is not None
+    x = rng.standard_normal(K)
+    y = int4jit.dequantize(out.w, out.scales, out.zeros).astype(np.float64) @ x[out.perm]
+    np.testing.assert_allclose(y, _true_weights(q, z, s, g_idx) @ x, rtol=1e-6, atol=1e-6)
+
+
 def test_per_channel_needs_k_in_whole_groups_and_other_sizes_are_named():
     with pytest.raises(ValueError, match="group_size=-1 .per channel. with K=72"):
         int4jit.from_gptq(np.zeros((9, 8), np.int32), np.zeros((1, 1), np.int32), np.ones((1, 8), np.float16),
                           group_size=-1)
-    with pytest.raises(ValueError, match=r"GPTQ group_size=-2 is not supported"):
-        int4jit.from_gptq(np.zeros((8, 8), np.int32), np.zeros((1, 1), np.int32), np.ones((1, 8), np.float16),
-                          group_size=-2)
+    for bad in (-2, 0, 24, 1000, "128", True):  # 48 is read as groups of 16
+        with pytest.raises(ValueError, match=rf"GPTQ group_size={bad!r} is not supported.*multiple of one"):
+            int4jit.from_gptq(np.zeros((8, 8), np.int32), np.zeros((1, 1), np.int32), np.ones((1, 8), np.float16),
+                              group_size=bad)
 
 
 def test_gptq_symmetric_v1_stores_seven():
