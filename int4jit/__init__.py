@@ -1,4 +1,5 @@
-"""int4jit: JIT-compiled, autotuned M=1 INT4 weight-only GEMV for AMD (hiprtc) and NVIDIA (NVRTC)."""
+"""int4jit: JIT-compiled, autotuned INT4 weight-only GEMV (1..16 tokens, fp16 or bf16; an int4 GEMM
+for prompts on Hopper) for AMD (hiprtc) and NVIDIA (NVRTC)."""
 from ._version import __version__
 from .api import GemvWeights, gemv
 from .errors import BackendUnavailable, CompileError, DriverError, Int4JitError

@@ -349,7 +349,11 @@ def cmd_warm(args) -> int:
         archs = args.arch or DEFAULT_TARGETS
         device = None
     else:
-        device = backends.device()
+        try:
+            device = backends.device()
+        except BackendUnavailable as e:  # a CI or image build without a GPU: say how to warm there
+            raise BackendUnavailable(f"{e}. Without a GPU, `int4jit warm --compile-only --arch sm_90` (or gfx90a, "
+                                     f"...) fills the code cache for the targets named") from None
         archs = [device.arch]
     exhaustive = args.exhaustive or None
     work = [(GemvShape(N, K, args.group, args.symmetric, M, dtype), arch)
@@ -521,7 +525,8 @@ SHAPE_OPTIONS = {"shapes": None, "shapes_file": None, "group": 128, "symmetric":
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="int4jit", description="JIT-compiled, autotuned M=1 INT4 GEMV. "
+    p = argparse.ArgumentParser(prog="int4jit", description="JIT-compiled, autotuned INT4 weight-only GEMV "
+                                "(1..16 tokens, fp16 or bf16). "
                                 "With no command: compile, run and check a default workload (without a GPU: "
                                 "compile it for --arch targets and check the reference on the CPU).")
     p.add_argument("--version", action="version", version=f"int4jit {__version__}")

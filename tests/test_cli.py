@@ -48,6 +48,15 @@ def test_warm_needs_shapes(capsys):
     assert "no shapes" in capsys.readouterr().err
 
 
+def test_warm_without_a_gpu_says_how_to_compile_instead(monkeypatch, capsys):
+    def no_gpu():
+        raise cli.BackendUnavailable("no GPU backend can run kernels here (test)")
+    monkeypatch.setattr(cli.backends, "device", no_gpu)
+    assert cli.main(["warm", "--shapes", "4096x4096"]) == 1
+    err = capsys.readouterr().err
+    assert "no GPU backend" in err and "int4jit warm --compile-only --arch sm_90" in err
+
+
 @pytest.mark.parametrize("bad", ["4096", "4096x", "ax4", "4096*4096"])
 def test_bad_shape_argument(bad):
     r = run_cli("warm", "--compile-only", "--shapes", bad)
