@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from .api import GemvWeights, permutation_fault
 from .shapes import MAX_TOKENS
@@ -562,20 +563,24 @@ def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = Fa
                    fuse: bool = True) -> nn.Module:
     """Replace every nn.Linear in `model` (in place) by an Int4Linear, quantised on its own device,
     except those whose qualified name matches a pattern in `skip` (fnmatch, e.g. 'lm_head' or
-    '*.attn.*') or whose in_features is not a multiple of group_size (kept, and traced).
+    '*.attn.*') and those whose in_features is not a multiple of group_size (kept in floating
+    point, and named in one warning). A progress bar shows on a terminal.
     fuse: layers called on the same x run as one launch (fuse_shared_inputs)."""
+    todo, kept = [], []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if not isinstance(child, nn.Linear):
+            if not isinstance(child, nn.Linear) or any(fnmatch.fnmatch(full, pat) for pat in skip):
                 continue
-            if any(fnmatch.fnmatch(full, pat) for pat in skip):
-                continue
-            if child.in_features % group_size:
-                trace("quantize_model: keeping %s (in_features %d is not a multiple of %d)", full,
-                      child.in_features, group_size)
-                continue
-            setattr(module, child_name, Int4Linear.from_linear(child, group_size, symmetric))
+            (kept if child.in_features % group_size else todo).append((module, child_name, child, full))
+    if kept:
+        log.warning("int4jit: quantize_model keeps %d of %d nn.Linear layers in floating point: in_features not a "
+                    "multiple of group_size=%d (%s); a group_size that divides them quantises them too, "
+                    "skip=[...] names layers to keep on purpose", len(kept), len(kept) + len(todo), group_size,
+                    ", ".join(f"{full} ({child.in_features})" for _, _, child, full in kept[:4])
+                    + (", ..." if len(kept) > 4 else ""))
+    for module, child_name, child, _ in tqdm(todo, desc="quantize_model", unit="layer", disable=None):
+        setattr(module, child_name, Int4Linear.from_linear(child, group_size, symmetric))
     if fuse:
         fuse_shared_inputs(model)
     return model

@@ -25,15 +25,19 @@ def test_from_linear_matches_the_reference_on_cpu():
     assert rel_error(y.detach().numpy(), ref) < 1e-5
 
 
-def test_quantize_model_swaps_and_skips():
+def test_quantize_model_swaps_and_skips(caplog):
     model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU(),
                                 torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)))
     quantize_model(model, group_size=32, skip=["2.1"])
     assert isinstance(model[0], Int4Linear) and isinstance(model[2][0], Int4Linear)
-    assert type(model[2][1]) is torch.nn.Linear  # skipped by name
-    model2 = torch.nn.Sequential(torch.nn.Linear(48, 8))
+    assert type(model[2][1]) is torch.nn.Linear  # skipped by name: on purpose, not warned
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    model2 = torch.nn.Sequential(torch.nn.Linear(48, 8), torch.nn.Linear(8, 64), torch.nn.Linear(64, 8))
     quantize_model(model2, group_size=32)
-    assert type(model2[0]) is torch.nn.Linear  # 48 is not a multiple of 32
+    assert type(model2[0]) is torch.nn.Linear and type(model2[1]) is torch.nn.Linear  # 48, 8: not multiples of 32
+    assert isinstance(model2[2], Int4Linear)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "keeps 2 of 3 nn.Linear layers" in warned[0] and "0 (48), 1 (8)" in warned[0]
 
 
 def test_wrong_width_is_an_error():
