@@ -120,7 +120,7 @@ def _checkpoint_group(group_size, K: int, what: str) -> tuple[int, int]:
 
 
 def _repeat_groups(s: np.ndarray, z: np.ndarray | None, times: int):
-    """Scales and zero points [N, G] -> [N, G * times], each repeated `times` times in place."""
+    """Scales and zero points [N, G] -> [N, G * times], each value repeated `times` times where it stands."""
     if times == 1:
         return s, z
     rep = lambda a: None if a is None else np.ascontiguousarray(np.repeat(a, times, axis=1))
@@ -274,7 +274,8 @@ def _unpack_int32_columns(q: np.ndarray, order) -> np.ndarray:
 def from_awq(qweight, qzeros, scales, *, group_size: int) -> Int4Weights:
     """AWQ GEMM tensors -> canonical. qweight int32 [K, N/8], qzeros int32 [K/G, N/8]
     (both with the AWQ nibble interleave), scales fp16 [K/G, N]; w = (q - z) * s.
-    group_size=-1: one group of all K (per channel; see the module docstring)."""
+    group_size=-1 is one group of all K (per channel); it and groups wider than the kernels' (512,
+    ...) are read as the module docstring says."""
     qweight = _int_array(qweight, "qweight", "AWQ", np.int32, 2, "[K, N/8]")
     qzeros = _int_array(qzeros, "qzeros", "AWQ", np.int32, 2, "[K/G, N/8]")
     K, N = qweight.shape[0], qweight.shape[1] * 8
@@ -306,7 +307,8 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, group_size: int, version: 
     its g_idx gives wrong weights, and the tensors alone cannot tell -- read the checkpoint's
     quantize config (from_quantized_layer does).
     symmetric=True returns zeros=None after checking every zero point is 8.
-    group_size=-1: one group of all K (per channel; see the module docstring)."""
+    group_size=-1 is one group of all K (per channel); it and groups wider than the kernels' (512,
+    ...) are read as the module docstring says."""
     if version not in (1, 2):
         raise ValueError(f"GPTQ version must be 1 (zeros - 0x11111111 stored) or 2 (true zeros); got {version!r}")
     qweight = _int_array(qweight, "qweight", "GPTQ", np.int32, 2, "[K/8, N]")
