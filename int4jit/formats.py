@@ -127,6 +127,21 @@ def _repeat_groups(s: np.ndarray, z: np.ndarray | None, times: int):
     return rep(s), rep(z)
 
 
+def _host(a, name: str, what: str):
+    """A checkpoint tensor as numpy: numpy (or None) as it is; a torch tensor on any device or a cupy
+    array copied to the host, torch's bfloat16 widened to float32 (exactly). Imports neither."""
+    module = type(a).__module__
+    if module.startswith("cupy"):
+        return a.get()
+    if not module.startswith("torch"):
+        return a
+    if a.device.type == "meta":
+        raise ValueError(f"{what} {name} is a meta tensor {tuple(a.shape)} (no values): load the checkpoint's "
+                         f"tensors first")
+    a = a.detach()
+    return (a.float() if str(a.dtype) == "torch.bfloat16" else a).cpu().numpy()
+
+
 def _int_array(a, name: str, what: str, dtype, ndim: int, layout: str) -> np.ndarray:
     if a is None:
         raise TypeError(f"{what} {name} must be {np.dtype(dtype).name} {layout}; got None")
@@ -169,6 +184,8 @@ def from_matmulnbits(B, scales, zero_points=None, *, K: int, N: int, block_size:
     block_size the last block is padded: the result is for K_padded = k_blocks*block_size and
     x must be zero-padded to it (MatMulNBitsWeights.pad_x); perm then has K_padded entries."""
     what = name
+    B, scales, zero_points, g_idx = (_host(a, n, what) for a, n in
+                                     ((B, "B"), (scales, "scales"), (zero_points, "zero_points"), (g_idx, "g_idx")))
     if bits != 4:
         raise ValueError(f"{what}: bits={bits}: int4jit reads bits=4 only")
     group = kernel_group(block_size, what)
@@ -276,6 +293,8 @@ def from_awq(qweight, qzeros, scales, *, group_size: int) -> Int4Weights:
     (both with the AWQ nibble interleave), scales fp16 [K/G, N]; w = (q - z) * s.
     group_size=-1 is one group of all K (per channel); it and groups wider than the kernels' (512,
     ...) are read as the module docstring says."""
+    qweight, qzeros, scales = (_host(a, n, "AWQ") for a, n in
+                               ((qweight, "qweight"), (qzeros, "qzeros"), (scales, "scales")))
     qweight = _int_array(qweight, "qweight", "AWQ", np.int32, 2, "[K, N/8]")
     qzeros = _int_array(qzeros, "qzeros", "AWQ", np.int32, 2, "[K/G, N/8]")
     K, N = qweight.shape[0], qweight.shape[1] * 8
@@ -311,6 +330,8 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, *, group_size: int, version: 
     ...) are read as the module docstring says."""
     if version not in (1, 2):
         raise ValueError(f"GPTQ version must be 1 (zeros - 0x11111111 stored) or 2 (true zeros); got {version!r}")
+    qweight, qzeros, scales, g_idx = (_host(a, n, "GPTQ") for a, n in
+                                      ((qweight, "qweight"), (qzeros, "qzeros"), (scales, "scales"), (g_idx, "g_idx")))
     qweight = _int_array(qweight, "qweight", "GPTQ", np.int32, 2, "[K/8, N]")
     qzeros = _int_array(qzeros, "qzeros", "GPTQ", np.int32, 2, "[K/G, N/8]")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
@@ -411,7 +432,7 @@ def from_quantized_layer(config: dict, tensors: dict) -> Int4Weights:
     else:
         raise ValueError(f"quant_method={method!r}: int4jit reads 'gptq' and 'awq' checkpoints")
     if bias is not None:
-        bias = np.asarray(bias)
+        bias = np.asarray(_host(bias, "bias", "the layer's"))
         if bias.shape != (out.w.shape[0],) or not np.issubdtype(bias.dtype, np.floating):
             raise ValueError(f"bias must be float [N={out.w.shape[0]}]; got {bias.dtype} {bias.shape}")
         out = replace(out, bias=bias)

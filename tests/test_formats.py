@@ -198,6 +198,33 @@ def test_per_channel_needs_k_in_whole_groups_and_other_sizes_are_named():
                               group_size=bad)
 
 
+@pytest.mark.parametrize("fmt", ["gptq", "awq", "matmulnbits"])
+def test_torch_tensors_read_as_their_numpy_values_bfloat16_scales_too(fmt):
+    # checkpoints load as torch tensors (safetensors), with bfloat16 scales from some producers
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    K, N, G = 256, 16, 64
+    q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    s = torch.from_numpy((rng.random((K // G, N)) * 0.1 + 0.01).astype(np.float32)).bfloat16()
+    s_np = s.float().numpy()  # bfloat16 values, exact in float32 (and in float16 at this range)
+    if fmt == "gptq":
+        args, kw, read = (pack_gptq_weight(q), pack_gptq_zeros(z)), dict(group_size=G, version=2), int4jit.from_gptq
+    elif fmt == "awq":
+        args, kw, read = (pack_awq(q), pack_awq(z)), dict(group_size=G), int4jit.from_awq
+    else:  # MatMulNBits: scales [N, K/G]
+        B, _, zp = random_matmulnbits(rng, K, N, G, False)
+        args, kw, read = (B,), dict(zero_points=zp, K=K, N=N, block_size=G), int4jit.from_matmulnbits
+        s, s_np = s.T.contiguous(), s_np.T
+    want = read(*args, s_np, **kw)
+    got = read(*(torch.from_numpy(np.ascontiguousarray(a)) for a in args), s,
+               **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="meta tensor.*load the checkpoint"):
+        read(*(torch.from_numpy(np.ascontiguousarray(a)).to("meta") for a in args), s, **kw)
+
+
 def test_gptq_symmetric_v1_stores_seven():
     rng = np.random.default_rng()
     K, N, G = 256, 16, 32
