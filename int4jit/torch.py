@@ -12,6 +12,7 @@ else (longer prefill, the CPU, a call no kernel serves on the target) dequantise
 torch.matmul, with a warning naming why.
 quantize_model also fuses the layers a model calls on the same x (q/k/v, gate/up) into one
 Int4Linear each, for eager calls (fuse_shared_inputs): one launch and one call's host time for all.
+load_quantized does the same for a GPTQ or AWQ checkpoint's layers, swapped in from its tensors.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .api import GemvWeights, permutation_fault
+from .formats import from_quantized_layer
 from .shapes import MAX_TOKENS
 from .reference import quantize
 from .trace import trace
@@ -584,3 +586,80 @@ def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = Fa
     if fuse:
         fuse_shared_inputs(model)
     return model
+
+
+QUANTIZED_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")  # a GPTQ/AWQ layer's tensors
+
+
+def load_quantized(model: nn.Module, tensors, config: dict, fuse: bool = True) -> nn.Module:
+    """Load a GPTQ or AWQ checkpoint into `model` (built from the checkpoint's config; its weights
+    may be random or on the meta device), in place: each nn.Linear whose qualified name has
+    `<name>.qweight` in `tensors` becomes an Int4Linear holding that layer's tensors, read with
+    `config` (the checkpoint's quantization_config, or its config.json: from_quantized_layer says
+    what is read), on the linear's device (the CPU for a meta one). Every other tensor is loaded
+    as load_state_dict loads it; the model's parameters and buffers that the checkpoint lacks are
+    named in one warning (a tied lm_head is not).
+    tensors: {name: tensor} of the whole checkpoint, e.g. safetensors.torch.load_file's (torch
+    tensors on any device, or numpy arrays). A quantized layer that is not an nn.Linear of the
+    model, or whose shape is not the linear's, is an error naming it.
+    fuse: layers called on the same x run as one launch (fuse_shared_inputs)."""
+    layers = sorted({name[:-len(".qweight")] for name in tensors if name.endswith(".qweight")})
+    used = set()
+    for name in tqdm(layers, desc="load_quantized", unit="layer", disable=None):
+        parent_name, _, child_name = name.rpartition(".")
+        linear = model.get_submodule(name) if _has_submodule(model, name) else None
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"checkpoint layer {name!r} has quantized tensors, but the model's {name!r} is "
+                             f"{type(linear).__name__ if linear is not None else 'missing'}; expected an nn.Linear "
+                             f"(is the model built from the checkpoint's config?)")
+        keys = {s: f"{name}.{s}" for s in QUANTIZED_SUFFIXES if f"{name}.{s}" in tensors}
+        try:
+            weights = from_quantized_layer(config, {s: tensors[k] for s, k in keys.items()})
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"checkpoint layer {name!r}: {e}") from None
+        got = (weights.w.shape[0], 2 * weights.w.shape[1])
+        if got != (linear.out_features, linear.in_features):
+            raise ValueError(f"checkpoint layer {name!r} holds {got[0]}x{got[1]} weights; the model's linear is "
+                             f"{linear.out_features}x{linear.in_features}")
+        device = linear.weight.device if linear.weight.device.type != "meta" else torch.device("cpu")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child_name,
+                Int4Linear.from_weights(weights).to(device))
+        used.update(keys.values())
+    rest = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
+            for k, v in tensors.items() if k not in used}
+    meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    missing, unexpected = model.load_state_dict(rest, strict=False, assign=meta)
+    if unexpected:
+        raise ValueError(f"the checkpoint has {len(unexpected)} tensors the model does not: "
+                         f"{', '.join(unexpected[:4])}{', ...' if len(unexpected) > 4 else ''}")
+    quantized = {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, Int4Linear) for k in m.state_dict()}
+    missing = [k for k in missing if k not in quantized and not _tied(model, k)]
+    still_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if still_meta:
+        raise ValueError(f"{len(still_meta)} of the model's tensors are on the meta device and not in the checkpoint "
+                         f"({', '.join(still_meta[:4])}{', ...' if len(still_meta) > 4 else ''}), e.g. buffers a "
+                         f"model computes when built: build the model on a device (torch_dtype=torch.float16 "
+                         f"keeps it small)")
+    if missing:
+        log.warning("int4jit: load_quantized: the checkpoint lacks %d of the model's tensors, left as they were: %s",
+                    len(missing), ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else ""))
+    if fuse:
+        fuse_shared_inputs(model)
+    return model
+
+
+def _has_submodule(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _tied(model: nn.Module, key: str) -> bool:
+    """Whether parameter `key` is the same tensor as another of the model's (a tied lm_head)."""
+    module_name, _, attr = key.rpartition(".")
+    if not _has_submodule(model, module_name):
+        return False
+    t = getattr(model.get_submodule(module_name), attr, None)
+    return isinstance(t, torch.Tensor) and sum(p is t for _, p in model.named_parameters(remove_duplicate=False)) > 1

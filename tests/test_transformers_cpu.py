@@ -2,6 +2,7 @@
 the layers each model calls on one input (q/k/v, gate/up) are fused, and the fused model generates
 what the same model with every layer alone does (Llama; Qwen2, whose q/k/v have biases)."""
 import copy
+import numpy as np
 import os
 
 import pytest
@@ -36,3 +37,93 @@ def test_fused_model_generates_what_the_unfused_one_does(family):
     assert_fused_like_llama(fused)
     assert (fused.model.layers[0].self_attn.q_proj.bias is not None) == (family == "Qwen2")
     assert not any(isinstance(m._shared, _Fused) for m in alone.modules() if isinstance(m, Int4Linear))
+
+
+def _gptq_v1_tensors(layer: Int4Linear) -> dict:
+    """A quantized layer's tensors as a GPTQ v1 checkpoint stores them (built from the format's
+    documented layout: qweight [K/8, N] 8 k a word, lowest bits first; qzeros [G, N/8] 8 rows a
+    word, minus 0x11111111; scales [G, N])."""
+    w, z = layer.w.numpy(), layer.zeros.numpy()
+    N, K = w.shape[0], 2 * w.shape[1]
+    q = np.stack([w & 15, w >> 4], axis=-1).reshape(N, K).T.reshape(K // 8, 8, N).astype(np.uint32)
+    zt = z.T.reshape(z.shape[1], N // 8, 8).astype(np.uint32)
+    shifts = (4 * np.arange(8, dtype=np.uint32))
+    qweight = (q << shifts[None, :, None]).sum(axis=1, dtype=np.uint32)
+    qzeros = (zt << shifts).sum(axis=2, dtype=np.uint32) - np.uint32(0x11111111)
+    out = {"qweight": torch.from_numpy(qweight.view(np.int32)), "qzeros": torch.from_numpy(qzeros.view(np.int32)),
+           "scales": layer.scales.t().contiguous()}
+    if layer.bias is not None:
+        out["bias"] = layer.bias.detach()
+    return out
+
+
+def _tiny_qwen2(seed: int):
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128)
+    return transformers.Qwen2ForCausalLM(cfg).eval()
+
+
+def test_load_quantized_reads_a_gptq_checkpoint_into_the_model_it_was_made_from(caplog):
+    from int4jit.torch import load_quantized
+    quantized = quantize_model(_tiny_qwen2(0), group_size=64, fuse=False)  # what the checkpoint holds
+    int4 = {n for n, m in quantized.named_modules() if isinstance(m, Int4Linear)}
+    checkpoint = {k: v for k, v in quantized.state_dict().items() if k.rpartition(".")[0] not in int4}
+    for name in int4:
+        checkpoint.update({f"{name}.{k}": v for k, v in _gptq_v1_tensors(quantized.get_submodule(name)).items()})
+    config = {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False,
+                                      "sym": False, "checkpoint_format": "gptq"}}
+    loaded = load_quantized(_tiny_qwen2(1), checkpoint, config)  # other random weights: all must be replaced
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    names = [n for n, m in loaded.named_modules() if isinstance(m, Int4Linear)]
+    assert names == [n for n, m in quantized.named_modules() if isinstance(m, Int4Linear)] and len(names) == 15
+    for name in names:
+        a, b = loaded.get_submodule(name), quantized.get_submodule(name)
+        assert all(torch.equal(x, y) for x, y in zip((a.w, a.scales, a.zeros), (b.w, b.scales, b.zeros)))
+    ids = torch.randint(0, 1000, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, quantized(ids).logits)
+        assert torch.equal(loaded.generate(ids, max_new_tokens=4, do_sample=False),
+                           quantized.generate(ids, max_new_tokens=4, do_sample=False))
+
+    # what does not fit is named
+    bad = dict(checkpoint, **{"model.norm.qweight": checkpoint["model.layers.0.mlp.up_proj.qweight"]})
+    with pytest.raises(ValueError, match="'model.norm' .*Qwen2RMSNorm; expected an nn.Linear"):
+        load_quantized(_tiny_qwen2(1), bad, config)
+    swapped = dict(checkpoint)
+    for k in ("qweight", "qzeros", "scales"):
+        swapped[f"model.layers.0.mlp.up_proj.{k}"] = checkpoint[f"model.layers.0.mlp.down_proj.{k}"]
+    with pytest.raises(ValueError, match="'model.layers.0.mlp.up_proj' holds 256x512 weights; .* 512x256"):
+        load_quantized(_tiny_qwen2(1), swapped, config)
+    with pytest.raises(ValueError, match="1 tensors the model does not: extra.weight"):
+        load_quantized(_tiny_qwen2(1), dict(checkpoint, **{"extra.weight": torch.zeros(3)}), config)
+    with pytest.raises(ValueError, match="checkpoint layer 'lm_head': .*group_size=48"):
+        load_quantized(_tiny_qwen2(1), checkpoint, {"quant_method": "gptq", "bits": 4, "group_size": 48})
+    caplog.clear()
+    load_quantized(_tiny_qwen2(1), {k: v for k, v in checkpoint.items() if k != "model.norm.weight"}, config)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "lacks 1 of the model's tensors" in warned[0] and "model.norm.weight" in warned[0]
+
+
+def test_load_quantized_takes_a_tied_lm_head_from_the_embeddings(caplog):
+    # GPTQ leaves lm_head alone; a tied one is not in the checkpoint at all, and is not missing
+    from int4jit.torch import load_quantized
+
+    def tied(seed):
+        torch.manual_seed(seed)
+        cfg = transformers.Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                       tie_word_embeddings=True)
+        return transformers.Qwen2ForCausalLM(cfg).eval()
+    quantized = quantize_model(tied(0), group_size=64, skip=["lm_head"], fuse=False)
+    int4 = {n for n, m in quantized.named_modules() if isinstance(m, Int4Linear)}
+    checkpoint = {k: v for k, v in quantized.state_dict().items()
+                  if k != "lm_head.weight" and k.rpartition(".")[0] not in int4}
+    for name in int4:
+        checkpoint.update({f"{name}.{k}": v for k, v in _gptq_v1_tensors(quantized.get_submodule(name)).items()})
+    loaded = load_quantized(tied(1), checkpoint, {"quant_method": "gptq", "bits": 4, "group_size": 64})
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    ids = torch.randint(0, 1000, (1, 5))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, quantized(ids).logits)
