@@ -592,18 +592,33 @@ QUANTIZED_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")  # a GPTQ/
 
 
 def load_quantized(model: nn.Module, tensors, config: dict, fuse: bool = True) -> nn.Module:
-    """Load a GPTQ or AWQ checkpoint into `model` (built from the checkpoint's config; its weights
-    may be random or on the meta device), in place: each nn.Linear whose qualified name has
-    `<name>.qweight` in `tensors` becomes an Int4Linear holding that layer's tensors, read with
-    `config` (the checkpoint's quantization_config, or its config.json: from_quantized_layer says
-    what is read), on the linear's device (the CPU for a meta one). Every other tensor is loaded
-    as load_state_dict loads it; the model's parameters and buffers that the checkpoint lacks are
-    named in one warning (a tied lm_head is not).
+    """Load a GPTQ or AWQ checkpoint into `model` in place. The model is built from the checkpoint's
+    config, its weights random (on the meta device only where the checkpoint holds every tensor it
+    has, which a model's computed buffers such as rotary inv_freq are not).
+    Each nn.Linear whose qualified name has `<name>.qweight` in `tensors` becomes an Int4Linear
+    holding that layer's tensors, read with `config` (the checkpoint's quantization_config, or its
+    config.json: from_quantized_layer says what is read), on the linear's device (the CPU for a
+    meta one). Every other tensor is loaded as load_state_dict loads it; the model's parameters
+    and buffers that the checkpoint lacks are named in one warning (a tied lm_head is not).
+    Tensors the model does not have, and meta tensors the checkpoint does not fill, are errors
+    raised before anything is swapped.
     tensors: {name: tensor} of the whole checkpoint, e.g. safetensors.torch.load_file's (torch
     tensors on any device, or numpy arrays). A quantized layer that is not an nn.Linear of the
     model, or whose shape is not the linear's, is an error naming it.
     fuse: layers called on the same x run as one launch (fuse_shared_inputs)."""
     layers = sorted({name[:-len(".qweight")] for name in tensors if name.endswith(".qweight")})
+    still_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers())
+                  if t.is_meta and n not in tensors and n.rpartition(".")[0] not in layers]
+    model_keys = set(model.state_dict()) | {f"{layer}.{s}" for layer in layers for s in QUANTIZED_SUFFIXES}
+    unexpected = [k for k in tensors if k not in model_keys]
+    if unexpected:  # checked before anything is swapped, as the meta tensors below
+        raise ValueError(f"the checkpoint has {len(unexpected)} tensors the model does not: "
+                         f"{', '.join(unexpected[:4])}{', ...' if len(unexpected) > 4 else ''}")
+    if still_meta:
+        raise ValueError(f"{len(still_meta)} of the model's tensors are on the meta device and not in the checkpoint "
+                         f"({', '.join(still_meta[:4])}{', ...' if len(still_meta) > 4 else ''}), e.g. buffers a "
+                         f"model computes when built: build the model on a device (torch_dtype=torch.float16 "
+                         f"keeps it small)")
     used = set()
     for name in tqdm(layers, desc="load_quantized", unit="layer", disable=None):
         parent_name, _, child_name = name.rpartition(".")
@@ -628,18 +643,9 @@ def load_quantized(model: nn.Module, tensors, config: dict, fuse: bool = True) -
     rest = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
             for k, v in tensors.items() if k not in used}
     meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
-    missing, unexpected = model.load_state_dict(rest, strict=False, assign=meta)
-    if unexpected:
-        raise ValueError(f"the checkpoint has {len(unexpected)} tensors the model does not: "
-                         f"{', '.join(unexpected[:4])}{', ...' if len(unexpected) > 4 else ''}")
+    missing, _ = model.load_state_dict(rest, strict=False, assign=meta)  # none unexpected: checked above
     quantized = {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, Int4Linear) for k in m.state_dict()}
     missing = [k for k in missing if k not in quantized and not _tied(model, k)]
-    still_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if still_meta:
-        raise ValueError(f"{len(still_meta)} of the model's tensors are on the meta device and not in the checkpoint "
-                         f"({', '.join(still_meta[:4])}{', ...' if len(still_meta) > 4 else ''}), e.g. buffers a "
-                         f"model computes when built: build the model on a device (torch_dtype=torch.float16 "
-                         f"keeps it small)")
     if missing:
         log.warning("int4jit: load_quantized: the checkpoint lacks %d of the model's tensors, left as they were: %s",
                     len(missing), ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else ""))

@@ -95,8 +95,10 @@ def test_load_quantized_reads_a_gptq_checkpoint_into_the_model_it_was_made_from(
         swapped[f"model.layers.0.mlp.up_proj.{k}"] = checkpoint[f"model.layers.0.mlp.down_proj.{k}"]
     with pytest.raises(ValueError, match="'model.layers.0.mlp.up_proj' holds 256x512 weights; .* 512x256"):
         load_quantized(_tiny_qwen2(1), swapped, config)
+    fresh = _tiny_qwen2(1)
     with pytest.raises(ValueError, match="1 tensors the model does not: extra.weight"):
-        load_quantized(_tiny_qwen2(1), dict(checkpoint, **{"extra.weight": torch.zeros(3)}), config)
+        load_quantized(fresh, dict(checkpoint, **{"extra.weight": torch.zeros(3)}), config)
+    assert not any(isinstance(m, Int4Linear) for m in fresh.modules())  # refused before anything was swapped
     with pytest.raises(ValueError, match="checkpoint layer 'lm_head': .*group_size=48"):
         load_quantized(_tiny_qwen2(1), checkpoint, {"quant_method": "gptq", "bits": 4, "group_size": 48})
     caplog.clear()
