@@ -602,8 +602,8 @@ def load_quantized(model: nn.Module, tensors, config: dict, fuse: bool = True) -
     and buffers that the checkpoint lacks are named in one warning (a tied lm_head is not).
     Tensors the model does not have, and meta tensors the checkpoint does not fill, are errors
     raised before anything is swapped.
-    tensors: {name: tensor} of the whole checkpoint, e.g. safetensors.torch.load_file's (torch
-    tensors on any device, or numpy arrays). A quantized layer that is not an nn.Linear of the
+    tensors: {name: tensor} of the whole checkpoint, e.g. safetensors.torch.load_file's (a sharded
+    checkpoint: its shards' dicts merged; torch tensors on any device, or numpy arrays). A quantized layer that is not an nn.Linear of the
     model, or whose shape is not the linear's, is an error naming it.
     fuse: layers called on the same x run as one launch (fuse_shared_inputs)."""
     layers = sorted({name[:-len(".qweight")] for name in tensors if name.endswith(".qweight")})
