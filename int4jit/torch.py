@@ -121,12 +121,21 @@ def gemv_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: Optio
 
 @gemv_op.register_kernel("cpu")
 def _(x, w, scales, zeros):
+    _check_input_dtype(x, "int4jit::gemv")
     return torch.matmul(x, _unpack_dequantize(w, scales, zeros, x.dtype).t())
 
 
 @gemv_op.register_fake
 def _(x, w, scales, zeros):
+    _check_input_dtype(x, "int4jit::gemv")
     return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+
+def _check_input_dtype(x: torch.Tensor, who: str) -> None:
+    """An integer x would meet a weight dequantised to integers, truncated to zeros: refused."""
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{who} takes float16 or bfloat16 inputs (the int4jit kernels), or float32 or float64 "
+                        f"(dequantise + matmul); got {x.dtype}")
 
 
 def _gemv_setup_context(ctx, inputs, output):
@@ -275,9 +284,7 @@ class Int4Linear(nn.Module):
                 return y if self.bias is None else y.add_(self.bias)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
-        if x.dtype not in INPUT_DTYPES:  # an integer x would meet a weight truncated to integers
-            raise TypeError(f"Int4Linear takes float16 or bfloat16 inputs (the int4jit kernels), or float32 or "
-                            f"float64 (dequantise + matmul); got {x.dtype}")
+        _check_input_dtype(x, "Int4Linear")
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         tokens = x.numel() // self.in_features

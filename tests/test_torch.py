@@ -52,6 +52,8 @@ def test_a_non_float_input_is_an_error_as_in_nn_linear(dtype):
     q = Int4Linear.from_linear(torch.nn.Linear(128, 16), group_size=32)
     with pytest.raises(TypeError, match=f"float16 or bfloat16.*got {dtype}"):
         q(torch.ones(2, 128, dtype=dtype))
+    with pytest.raises(TypeError, match=f"int4jit::gemv takes float16 or bfloat16.*got {dtype}"):
+        torch.ops.int4jit.gemv(torch.ones(2, 128, dtype=dtype), q.w, q.scales, q.zeros)  # the op called directly
     x = torch.randn(2, 128, dtype=torch.float64)  # float32 and float64 dequantise + matmul
     W = int4jit.dequantize(q.w.numpy(), q.scales.numpy(), q.zeros.numpy()).astype(np.float64)
     assert rel_error(q(x).detach().numpy(), x.numpy() @ W.T + q.bias.detach().double().numpy()) < 1e-6
