@@ -12,7 +12,7 @@ else (longer prefill, the CPU, a call no kernel serves on the target) dequantise
 torch.matmul, with a warning naming why.
 quantize_model also fuses the layers a model calls on the same x (q/k/v, gate/up) into one
 Int4Linear each, for eager calls (fuse_shared_inputs): one launch and one call's host time for all.
-load_quantized does the same for a GPTQ or AWQ checkpoint's layers, swapped in from its tensors.
+load_quantized swaps them in from a checkpoint instead: GPTQ, AWQ, or a quantized model's state_dict.
 """
 from __future__ import annotations
 
@@ -596,56 +596,67 @@ def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = Fa
 
 
 QUANTIZED_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx", "bias")  # a GPTQ/AWQ layer's tensors
+INT4JIT_SUFFIXES = ("w", "scales", "zeros", "perm", "bias")  # an Int4Linear's state_dict
 
 
-def load_quantized(model: nn.Module, tensors, config: dict, fuse: bool = True) -> nn.Module:
-    """Load a GPTQ or AWQ checkpoint into `model` in place. The model is built from the checkpoint's
-    config, its weights random (on the meta device only where the checkpoint holds every tensor it
-    has, which a model's computed buffers such as rotary inv_freq are not).
-    Each nn.Linear whose qualified name has `<name>.qweight` in `tensors` becomes an Int4Linear
-    holding that layer's tensors, read with `config` (the checkpoint's quantization_config, or its
-    config.json: from_quantized_layer says what is read), on the linear's device (the CPU for a
-    meta one). Every other tensor is loaded as load_state_dict loads it; the model's parameters
-    and buffers that the checkpoint lacks are named in one warning (a tied lm_head is not).
-    Tensors the model does not have, and meta tensors the checkpoint does not fill, are errors
-    raised before anything is swapped.
+def load_quantized(model: nn.Module, tensors, config: Optional[dict] = None, fuse: bool = True) -> nn.Module:
+    """Load a quantized checkpoint into `model` in place: a GPTQ or AWQ one, or a state_dict of a
+    model int4jit quantized (quantize_model, then torch.save or safetensors). The model is built
+    from the checkpoint's config, its weights random (on the meta device only where the
+    checkpoint holds every tensor it has, which a model's computed buffers such as rotary
+    inv_freq are not).
+    Each nn.Linear of the model whose qualified name has `<name>.qweight` (GPTQ/AWQ: read with
+    `config`, the checkpoint's quantization_config or its config.json, as from_quantized_layer
+    says) or `<name>.w` and `<name>.scales` (int4jit's) in `tensors` becomes an Int4Linear holding
+    that layer's tensors, on the linear's device (the CPU for a meta one). Every other tensor is
+    loaded as load_state_dict loads it; the model's parameters and buffers that the checkpoint
+    lacks are named in one warning (a tied lm_head is not).
+    Errors, raised before anything is swapped: tensors the model does not have, meta tensors the
+    checkpoint does not fill, GPTQ/AWQ layers without a config. Errors naming the layer: one that
+    is not an nn.Linear of the model, a shape that is not the linear's, tensors its format rejects.
     tensors: {name: tensor} of the whole checkpoint, e.g. safetensors.torch.load_file's (a sharded
-    checkpoint: its shards' dicts merged; torch tensors on any device, or numpy arrays). A quantized layer that is not an nn.Linear of the
-    model, or whose shape is not the linear's, is an error naming it.
+    checkpoint: its shards' dicts merged; torch tensors on any device, or numpy arrays).
     fuse: layers called on the same x run as one launch (fuse_shared_inputs)."""
-    layers = sorted({name[:-len(".qweight")] for name in tensors if name.endswith(".qweight")})
-    still_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers())
-                  if t.is_meta and n not in tensors and n.rpartition(".")[0] not in layers]
-    model_keys = set(model.state_dict()) | {f"{layer}.{s}" for layer in layers for s in QUANTIZED_SUFFIXES}
+    gptq = {name[:-len(".qweight")] for name in tensors if name.endswith(".qweight")}
+    own = {name[:-len(".w")] for name in tensors if name.endswith(".w") and f"{name[:-2]}.scales" in tensors
+           and isinstance(_submodule(model, name[:-2]), nn.Linear)}
+    layers = {**{n: QUANTIZED_SUFFIXES for n in gptq}, **{n: INT4JIT_SUFFIXES for n in own - gptq}}
+    if gptq and config is None:
+        raise TypeError(f"the checkpoint has GPTQ/AWQ layers ({sorted(gptq)[0]}, ...): pass its quantize config "
+                        f"(config.json's quantization_config) as config=")
+    model_keys = set(model.state_dict()) | {f"{n}.{s}" for n, suffixes in layers.items() for s in suffixes}
     unexpected = [k for k in tensors if k not in model_keys]
-    if unexpected:  # checked before anything is swapped, as the meta tensors below
+    if unexpected:
         raise ValueError(f"the checkpoint has {len(unexpected)} tensors the model does not: "
                          f"{', '.join(unexpected[:4])}{', ...' if len(unexpected) > 4 else ''}")
+    still_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers())
+                  if t.is_meta and n not in tensors and n.rpartition(".")[0] not in layers]
     if still_meta:
         raise ValueError(f"{len(still_meta)} of the model's tensors are on the meta device and not in the checkpoint "
                          f"({', '.join(still_meta[:4])}{', ...' if len(still_meta) > 4 else ''}), e.g. buffers a "
                          f"model computes when built: build the model on a device (torch_dtype=torch.float16 "
                          f"keeps it small)")
     used = set()
-    for name in tqdm(layers, desc="load_quantized", unit="layer", disable=None):
-        parent_name, _, child_name = name.rpartition(".")
-        linear = model.get_submodule(name) if _has_submodule(model, name) else None
+    for name in tqdm(sorted(layers), desc="load_quantized", unit="layer", disable=None):
+        linear = _submodule(model, name)
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"checkpoint layer {name!r} has quantized tensors, but the model's {name!r} is "
                              f"{type(linear).__name__ if linear is not None else 'missing'}; expected an nn.Linear "
                              f"(is the model built from the checkpoint's config?)")
-        keys = {s: f"{name}.{s}" for s in QUANTIZED_SUFFIXES if f"{name}.{s}" in tensors}
+        keys = {s: f"{name}.{s}" for s in layers[name] if f"{name}.{s}" in tensors}
         try:
-            weights = from_quantized_layer(config, {s: tensors[k] for s, k in keys.items()})
+            if name in gptq:
+                layer = Int4Linear.from_weights(from_quantized_layer(config, {s: tensors[k] for s, k in keys.items()}))
+            else:
+                layer = Int4Linear(*(tensors.get(keys.get(s)) for s in ("w", "scales", "zeros", "bias", "perm")))
         except (ValueError, TypeError) as e:
             raise type(e)(f"checkpoint layer {name!r}: {e}") from None
-        got = (weights.w.shape[0], 2 * weights.w.shape[1])
-        if got != (linear.out_features, linear.in_features):
-            raise ValueError(f"checkpoint layer {name!r} holds {got[0]}x{got[1]} weights; the model's linear is "
-                             f"{linear.out_features}x{linear.in_features}")
+        if (layer.out_features, layer.in_features) != (linear.out_features, linear.in_features):
+            raise ValueError(f"checkpoint layer {name!r} holds {layer.out_features}x{layer.in_features} weights; the "
+                             f"model's linear is {linear.out_features}x{linear.in_features}")
+        parent, _, child = name.rpartition(".")
         device = linear.weight.device if linear.weight.device.type != "meta" else torch.device("cpu")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child_name,
-                Int4Linear.from_weights(weights).to(device))
+        setattr(model.get_submodule(parent), child, layer.to(device))
         used.update(keys.values())
     rest = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
             for k, v in tensors.items() if k not in used}
@@ -661,18 +672,16 @@ def load_quantized(model: nn.Module, tensors, config: dict, fuse: bool = True) -
     return model
 
 
-def _has_submodule(model: nn.Module, name: str) -> bool:
+def _submodule(model: nn.Module, name: str) -> Optional[nn.Module]:
+    """The module at qualified `name` ('' is the model), or None."""
     try:
-        model.get_submodule(name)
+        return model.get_submodule(name)
     except AttributeError:
-        return False
-    return True
+        return None
 
 
 def _tied(model: nn.Module, key: str) -> bool:
     """Whether parameter `key` is the same tensor as another of the model's (a tied lm_head)."""
     module_name, _, attr = key.rpartition(".")
-    if not _has_submodule(model, module_name):
-        return False
-    t = getattr(model.get_submodule(module_name), attr, None)
+    t = getattr(_submodule(model, module_name), attr, None)
     return isinstance(t, torch.Tensor) and sum(p is t for _, p in model.named_parameters(remove_duplicate=False)) > 1

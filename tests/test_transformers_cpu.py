@@ -129,3 +129,21 @@ def test_load_quantized_takes_a_tied_lm_head_from_the_embeddings(caplog):
     ids = torch.randint(0, 1000, (1, 5))
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, quantized(ids).logits)
+
+
+def test_load_quantized_reads_back_what_quantize_model_saved(tmp_path):
+    # quantize once, save, and load into a model built from the config: no quantizing of random weights
+    from int4jit.torch import load_quantized
+    safetensors = pytest.importorskip("safetensors.torch")
+    quantized = quantize_model(_tiny_qwen2(0), group_size=64)  # fused: the layers' weights are views
+    ids = torch.randint(0, 1000, (1, 9))
+    with torch.no_grad():
+        want = quantized(ids).logits  # the first call fuses q/k/v and gate/up
+    path = tmp_path / "model.safetensors"
+    safetensors.save_file({k: v.contiguous() for k, v in quantized.state_dict().items()}, str(path))
+    loaded = load_quantized(_tiny_qwen2(1), safetensors.load_file(str(path)))
+    assert sum(isinstance(m, Int4Linear) for m in loaded.modules()) == 15
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, want)
+    with pytest.raises(TypeError, match="GPTQ/AWQ layers .*pass its quantize config"):
+        load_quantized(_tiny_qwen2(1), {"lm_head.qweight": torch.zeros(32, 1000, dtype=torch.int32)})
