@@ -634,7 +634,7 @@ def load_quantized(model: nn.Module, tensors, config: Optional[dict] = None, fus
     if still_meta:
         raise ValueError(f"{len(still_meta)} of the model's tensors are on the meta device and not in the checkpoint "
                          f"({', '.join(still_meta[:4])}{', ...' if len(still_meta) > 4 else ''}), e.g. buffers a "
-                         f"model computes when built: build the model on a device (torch_dtype=torch.float16 "
+                         f"model computes when built: build the model on a device (dtype=torch.float16 "
                          f"keeps it small)")
     used = set()
     for name in tqdm(sorted(layers), desc="load_quantized", unit="layer", disable=None):
