@@ -71,8 +71,8 @@ def _pack_low_first(values: np.ndarray) -> np.ndarray:
 
 
 def _as_fp16_scales(scales, shape, what: str) -> np.ndarray:
-    """Scales of any float dtype -> float16 `shape`; a value fp16 cannot hold is an error
-    (above 65504 it would become inf, a non-zero below 2**-24 would become 0)."""
+    """Scales of any float dtype -> float16 `shape`; NaN, inf and a value fp16 cannot hold are
+    errors (above 65504 it would become inf, a non-zero below 2**-24 would become 0)."""
     s = np.asarray(scales)
     if not (np.issubdtype(s.dtype, np.floating) and s.dtype.itemsize <= 8):
         raise TypeError(f"{what} scales must be floating point (float16/float32); got {s.dtype}")
@@ -81,14 +81,16 @@ def _as_fp16_scales(scales, shape, what: str) -> np.ndarray:
     s = s.reshape(shape)
     with np.errstate(over="ignore", under="ignore"):
         s16 = s.astype(np.float16)
-    big = np.isfinite(s) & ~np.isfinite(s16)
+    finite = np.isfinite(s)
+    big = finite & ~np.isfinite(s16)
     tiny = (s != 0) & (s16 == 0)
-    for bad, why in ((big, "overflow float16 (max 65504): they would become inf"),
-                     (tiny, "underflow float16 (smallest 5.96e-08): they would become 0")):
+    for bad, why in ((~finite, "NaN or infinite: every output they touch would be NaN (a corrupt checkpoint?)"),
+                     (big, "overflow float16 (max 65504): they would become inf, and int4jit keeps scales in float16"),
+                     (tiny, "underflow float16 (smallest 5.96e-08): they would become 0, and int4jit keeps scales "
+                            "in float16")):
         if bad.any():
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"{what} scales: {int(bad.sum())} value(s) {why}; first at {idx} = "
-                             f"{float(s[idx]):.6g}. int4jit keeps scales in float16")
+            raise ValueError(f"{what} scales: {int(bad.sum())} value(s) {why}; the first at {idx} = {float(s[idx]):.6g}")
     return np.ascontiguousarray(s16)
 
 

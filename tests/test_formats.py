@@ -325,7 +325,8 @@ def test_gptq_v1_zero_point_zero_borrows_across_the_word():
     np.testing.assert_array_equal(int4jit.dequantize(*out).astype(np.float64), W.astype(np.float32))
 
 
-@pytest.mark.parametrize("bad,match", [(70000.0, "overflow float16"), (1e-9, "underflow float16")])
+@pytest.mark.parametrize("bad,match", [(70000.0, "overflow float16"), (1e-9, "underflow float16"),
+                                       (np.nan, "NaN or infinite"), (-np.inf, "NaN or infinite")])
 def test_fp32_scales_outside_fp16_are_an_error(bad, match):
     rng = np.random.default_rng()
     K, N, G = 128, 16, 32
