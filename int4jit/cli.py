@@ -295,7 +295,7 @@ def _launched_specs(p, shape: GemvShape, arch: str, device, exhaustive) -> list:
              make_dequant_spec(shape, p.spec.arch, shape.dtype)]
     if gemm_unsupported(shape, arch) is None:
         sms = device.sm_count if device is not None else KNOWN_TARGETS[arch][0]
-        # the GEMM in each tile height a prompt may take, PDL as the plan's
+        # the x layout kernel, and the GEMM in each tile height a prompt may take (PDL as the plan's)
         specs += [make_xperm_spec(shape, arch, sms),
                   *(make_gemm_spec(shape, arch, sms, rows, p.spec.pdl) for rows in gemm_row_tiles(shape.N))]
     return specs

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .reference import pack_nibbles, unpack_nibbles
+from .reference import _framework, pack_nibbles, unpack_nibbles
 from .shapes import SUPPORTED_GROUPS
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ GEMM: nibble slot i holds column 8c + AWQ_ORDER[i]
@@ -90,7 +90,8 @@ def _as_fp16_scales(scales, shape, what: str) -> np.ndarray:
                             "in float16")):
         if bad.any():
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"{what} scales: {int(bad.sum())} value(s) {why}; the first at {idx} = {float(s[idx]):.6g}")
+            raise ValueError(f"{what} scales: {int(bad.sum())} value(s) {why}; the first at {idx} = "
+                             f"{float(s[idx]):.6g}")
     return np.ascontiguousarray(s16)
 
 
@@ -132,10 +133,10 @@ def _repeat_groups(s: np.ndarray, z: np.ndarray | None, times: int):
 def _host(a, name: str, what: str):
     """A checkpoint tensor as numpy: numpy (or None) as it is; a torch tensor on any device or a cupy
     array copied to the host, torch's bfloat16 widened to float32 (exactly). Imports neither."""
-    module = type(a).__module__
-    if module.startswith("cupy"):
+    kind = _framework(a)
+    if kind == "cupy":
         return a.get()
-    if not module.startswith("torch"):
+    if kind == "numpy":
         return a
     if a.device.type == "meta":
         raise ValueError(f"{what} {name} is a meta tensor {tuple(a.shape)} (no values): load the checkpoint's "

@@ -166,9 +166,10 @@ class Int4Linear(nn.Module):
     dequantise once per call on the GPU with one int4jit launch (templates/dequant.hip) and use
     torch.matmul; on the CPU the dequantised weight is kept per module (up to
     CPU_DENSE_CACHE_BYTES). An x that requires grad (grad enabled) goes through the custom op,
-    whose backward gives dL/dx (the int4 weights are constants). A conversion of the model's dtype leaves the scales as quantised. The weight
-    buffers are GemvWeights' (fixed while in use: a kernel that writes them must not be the one
-    launched right before the layer's call on its stream)."""
+    whose backward gives dL/dx (the int4 weights are constants). A conversion of the model's dtype
+    leaves the scales as quantised. The weight buffers are GemvWeights' (fixed while in use: a
+    kernel that writes them must not be the one launched right before the layer's call on its
+    stream)."""
 
     def __init__(self, w, scales, zeros=None, bias=None, perm=None):
         super().__init__()
@@ -586,8 +587,7 @@ def quantize_model(model: nn.Module, group_size: int = 128, symmetric: bool = Fa
         log.warning("int4jit: quantize_model keeps %d of %d nn.Linear layers in floating point: in_features not a "
                     "multiple of group_size=%d (%s); a group_size that divides them quantises them too, "
                     "skip=[...] names layers to keep on purpose", len(kept), len(kept) + len(todo), group_size,
-                    ", ".join(f"{full} ({child.in_features})" for _, _, child, full in kept[:4])
-                    + (", ..." if len(kept) > 4 else ""))
+                    _first([f"{full} ({child.in_features})" for _, _, child, full in kept]))
     for module, child_name, child, _ in tqdm(todo, desc="quantize_model", unit="layer", disable=None):
         setattr(module, child_name, Int4Linear.from_linear(child, group_size, symmetric))
     if fuse:
@@ -627,15 +627,13 @@ def load_quantized(model: nn.Module, tensors, config: Optional[dict] = None, fus
     model_keys = set(model.state_dict()) | {f"{n}.{s}" for n, suffixes in layers.items() for s in suffixes}
     unexpected = [k for k in tensors if k not in model_keys]
     if unexpected:
-        raise ValueError(f"the checkpoint has {len(unexpected)} tensors the model does not: "
-                         f"{', '.join(unexpected[:4])}{', ...' if len(unexpected) > 4 else ''}")
+        raise ValueError(f"the checkpoint has {len(unexpected)} tensors the model does not: {_first(unexpected)}")
     still_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers())
                   if t.is_meta and n not in tensors and n.rpartition(".")[0] not in layers]
     if still_meta:
         raise ValueError(f"{len(still_meta)} of the model's tensors are on the meta device and not in the checkpoint "
-                         f"({', '.join(still_meta[:4])}{', ...' if len(still_meta) > 4 else ''}), e.g. buffers a "
-                         f"model computes when built: build the model on a device (dtype=torch.float16 "
-                         f"keeps it small)")
+                         f"({_first(still_meta)}), e.g. buffers a model computes when built: build the model "
+                         f"on a device (dtype=torch.float16 keeps it small)")
     used = set()
     for name in tqdm(sorted(layers), desc="load_quantized", unit="layer", disable=None):
         linear = _submodule(model, name)
@@ -666,10 +664,15 @@ def load_quantized(model: nn.Module, tensors, config: Optional[dict] = None, fus
     missing = [k for k in missing if k not in quantized and not _tied(model, k)]
     if missing:
         log.warning("int4jit: load_quantized: the checkpoint lacks %d of the model's tensors, left as they were: %s",
-                    len(missing), ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else ""))
+                    len(missing), _first(missing))
     if fuse:
         fuse_shared_inputs(model)
     return model
+
+
+def _first(names: list, count: int = 4) -> str:
+    """The first `count` names, comma-separated, with ', ...' where there are more (messages)."""
+    return ", ".join(names[:count]) + (", ..." if len(names) > count else "")
 
 
 def _submodule(model: nn.Module, name: str) -> Optional[nn.Module]:
