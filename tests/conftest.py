@@ -83,6 +83,25 @@ def prepared_layer(m):
     return (m._shared.linear if isinstance(m._shared, _Fused) else m)._layer
 
 
+def gptq_v1_tensors(layer) -> dict:
+    """A quantized layer's tensors as a GPTQ v1 checkpoint stores them (built from the format's
+    documented layout: qweight [K/8, N] 8 k a word, lowest bits first; qzeros [G, N/8] 8 rows a
+    word, minus 0x11111111; scales [G, N])."""
+    import torch
+    w, z = layer.w.cpu().numpy(), layer.zeros.cpu().numpy()  # an Int4Linear's, on any device
+    N, K = w.shape[0], 2 * w.shape[1]
+    q = np.stack([w & 15, w >> 4], axis=-1).reshape(N, K).T.reshape(K // 8, 8, N).astype(np.uint32)
+    zt = z.T.reshape(z.shape[1], N // 8, 8).astype(np.uint32)
+    shifts = (4 * np.arange(8, dtype=np.uint32))
+    qweight = (q << shifts[None, :, None]).sum(axis=1, dtype=np.uint32)
+    qzeros = (zt << shifts).sum(axis=2, dtype=np.uint32) - np.uint32(0x11111111)
+    out = {"qweight": torch.from_numpy(qweight.view(np.int32)), "qzeros": torch.from_numpy(qzeros.view(np.int32)),
+           "scales": layer.scales.t().contiguous().cpu()}
+    if layer.bias is not None:
+        out["bias"] = layer.bias.detach().cpu()
+    return out
+
+
 def rel_error(y, ref, floor: float = 0.0) -> float:
     """||y - ref|| / ||ref||, the denominator at least `floor` (see few_outputs_floor)."""
     y = np.asarray(y, dtype=np.float64).reshape(-1)

@@ -2,7 +2,6 @@
 the layers each model calls on one input (q/k/v, gate/up) are fused, and the fused model generates
 what the same model with every layer alone does (Llama; Qwen2, whose q/k/v have biases)."""
 import copy
-import numpy as np
 import os
 
 import pytest
@@ -16,7 +15,7 @@ else:
 
 from int4jit.torch import Int4Linear, _Fused, quantize_model  # noqa: E402
 
-from conftest import assert_fused_like_llama  # noqa: E402
+from conftest import assert_fused_like_llama, gptq_v1_tensors  # noqa: E402
 
 
 @pytest.mark.parametrize("family", ["Llama", "Qwen2"])
@@ -39,24 +38,6 @@ def test_fused_model_generates_what_the_unfused_one_does(family):
     assert not any(isinstance(m._shared, _Fused) for m in alone.modules() if isinstance(m, Int4Linear))
 
 
-def _gptq_v1_tensors(layer: Int4Linear) -> dict:
-    """A quantized layer's tensors as a GPTQ v1 checkpoint stores them (built from the format's
-    documented layout: qweight [K/8, N] 8 k a word, lowest bits first; qzeros [G, N/8] 8 rows a
-    word, minus 0x11111111; scales [G, N])."""
-    w, z = layer.w.numpy(), layer.zeros.numpy()
-    N, K = w.shape[0], 2 * w.shape[1]
-    q = np.stack([w & 15, w >> 4], axis=-1).reshape(N, K).T.reshape(K // 8, 8, N).astype(np.uint32)
-    zt = z.T.reshape(z.shape[1], N // 8, 8).astype(np.uint32)
-    shifts = (4 * np.arange(8, dtype=np.uint32))
-    qweight = (q << shifts[None, :, None]).sum(axis=1, dtype=np.uint32)
-    qzeros = (zt << shifts).sum(axis=2, dtype=np.uint32) - np.uint32(0x11111111)
-    out = {"qweight": torch.from_numpy(qweight.view(np.int32)), "qzeros": torch.from_numpy(qzeros.view(np.int32)),
-           "scales": layer.scales.t().contiguous()}
-    if layer.bias is not None:
-        out["bias"] = layer.bias.detach()
-    return out
-
-
 def _tiny_qwen2(seed: int):
     torch.manual_seed(seed)
     cfg = transformers.Qwen2Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -70,7 +51,7 @@ def test_load_quantized_reads_a_gptq_checkpoint_into_the_model_it_was_made_from(
     int4 = {n for n, m in quantized.named_modules() if isinstance(m, Int4Linear)}
     checkpoint = {k: v for k, v in quantized.state_dict().items() if k.rpartition(".")[0] not in int4}
     for name in int4:
-        checkpoint.update({f"{name}.{k}": v for k, v in _gptq_v1_tensors(quantized.get_submodule(name)).items()})
+        checkpoint.update({f"{name}.{k}": v for k, v in gptq_v1_tensors(quantized.get_submodule(name)).items()})
     config = {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False,
                                       "sym": False, "checkpoint_format": "gptq"}}
     loaded = load_quantized(_tiny_qwen2(1), checkpoint, config)  # other random weights: all must be replaced
@@ -122,7 +103,7 @@ def test_load_quantized_takes_a_tied_lm_head_from_the_embeddings(caplog):
     checkpoint = {k: v for k, v in quantized.state_dict().items()
                   if k != "lm_head.weight" and k.rpartition(".")[0] not in int4}
     for name in int4:
-        checkpoint.update({f"{name}.{k}": v for k, v in _gptq_v1_tensors(quantized.get_submodule(name)).items()})
+        checkpoint.update({f"{name}.{k}": v for k, v in gptq_v1_tensors(quantized.get_submodule(name)).items()})
     loaded = load_quantized(tied(1), checkpoint, {"quant_method": "gptq", "bits": 4, "group_size": 64})
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight

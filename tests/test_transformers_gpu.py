@@ -1,6 +1,7 @@
 """A transformers Llama (small config, random weights) quantised with quantize_model: decode on the
 int4jit kernels in fp16 and bf16, logits against the same model with the dequantised weights in
-nn.Linear, and a torch.compile(fullgraph=True) decode step."""
+nn.Linear, a torch.compile(fullgraph=True) decode step, and a GPTQ checkpoint loaded onto the GPU
+with load_quantized."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -9,15 +10,15 @@ transformers = pytest.importorskip("transformers")
 import int4jit  # noqa: E402
 from int4jit.torch import Int4Linear, _unpack_dequantize, quantize_model  # noqa: E402
 
-from conftest import assert_fused_like_llama, prepared_layer  # noqa: E402
+from conftest import assert_fused_like_llama, gptq_v1_tensors, prepared_layer  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
-def _model(dtype):
+def _model(dtype, seed=0):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
                                    num_attention_heads=8, num_key_value_heads=4, vocab_size=4096,
                                    max_position_embeddings=256)
@@ -85,3 +86,34 @@ def test_torch_compile_fullgraph_decode_step():
     got = compiled(x)
     torch.cuda.synchronize()
     assert torch.equal(got, eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_load_quantized_gptq_checkpoint_decodes_on_the_kernels(dtype):
+    # a GPTQ v1 checkpoint (CPU tensors, as safetensors loads them) into a model on the GPU built
+    # with other random weights: every linear but lm_head becomes an Int4Linear on the GPU, fused,
+    # and decodes on the kernels as the model it was made from does
+    from int4jit.torch import load_quantized
+    quantized = quantize_model(_model(dtype), group_size=128, skip=["lm_head"], fuse=False)
+    int4 = {n for n, m in quantized.named_modules() if isinstance(m, Int4Linear)}
+    checkpoint = {k: v.cpu() for k, v in quantized.state_dict().items() if k.rpartition(".")[0] not in int4}
+    for name in int4:
+        checkpoint.update({f"{name}.{k}": v for k, v in gptq_v1_tensors(quantized.get_submodule(name)).items()})
+    config = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": False}
+    loaded = load_quantized(_model(dtype, seed=1), checkpoint, config)
+    layers = [m for m in loaded.modules() if isinstance(m, Int4Linear)]
+    assert len(layers) == 2 * 7 and all(m.w.is_cuda and m.scales.is_cuda for m in layers)
+    ids = torch.randint(0, 4096, (1, 12), device="cuda")
+    with torch.no_grad():
+        got = _decode_logits(loaded, ids)
+        want = _decode_logits(_dequantised_copy(quantized, dtype), ids)
+        same_kernels = _decode_logits(quantized, ids)
+    rel = (got - want).norm() / want.norm()
+    assert rel <= 5e-3, f"{dtype}: relative error {rel:.2e} against the dequantised model"
+    rel = (got - same_kernels).norm() / same_kernels.norm()
+    assert rel <= 2e-3, f"{dtype}: relative error {rel:.2e} against the model the checkpoint was made from"
+    assert_fused_like_llama(loaded)
+    assert all(prepared_layer(m) is not None for m in layers)
+    with torch.no_grad():
+        gen = loaded.generate(ids, max_new_tokens=8, do_sample=False)
+    assert gen.shape == (1, 20) and torch.equal(gen[:, :12], ids)
