@@ -62,11 +62,11 @@ def kernel_for(dev, shape: GemvShape, config, stream: int, fixed_weights: bool =
     return k
 
 
-def y_like(x, N: int):
-    """One element of x's dtype on x's device, expanded to y's shape [..., N]: torch.empty_like of
-    it (contiguous format) is the cheapest new y from Python, 0.9 us on the dev machine against
-    1.3 for x.new_empty(tuple) and 1.8 for x.new_empty(torch.Size)."""
-    return x.new_empty(1).expand(*x.shape[:-1], N)
+def y_like(one, x, N: int):
+    """`one` (a one-element tensor of x's dtype on x's device) expanded to y's shape [..., N]:
+    torch.empty_like of it (contiguous format) is the cheapest new y from Python, 0.9 us on the
+    dev machine against 1.3 for x.new_empty(tuple) and 1.8 for x.new_empty(torch.Size)."""
+    return one.expand(*x.shape[:-1], N)
 
 
 def new_y(torch, likes: dict, x, N: int):
@@ -77,8 +77,16 @@ def new_y(torch, likes: dict, x, N: int):
     if like is None or like.dtype is not x.dtype:
         if len(likes) >= 64:
             likes.clear()
-        like = likes[shape] = y_like(x, N)
+        like = likes[shape] = y_like(x.new_empty(1), x, N)
     return torch.empty_like(like, memory_format=torch.contiguous_format)
+
+
+def weight_ones(torch, w) -> dict:
+    """One element of each activation dtype viewing w's first bytes, for y_like: what a
+    ShapedCall keeps to make y from allocates nothing. Memory a call kept would break
+    torch.compile's CUDA graphs (mode="reduce-overhead"): their warm-up runs allocate from the
+    graphs' pool, which refuses to record while a tensor that is not an output lives there."""
+    return {dt: w.reshape(-1)[:2].view(dt) for dt in (torch.float16, torch.bfloat16)}
 
 
 class ShapedCall:
@@ -378,6 +386,7 @@ class GemvWeights:
         if perm is not None:
             _check_perm(perm, self.shape.K, True)
         self.w, self.scales, self.zeros, self.perm = w, scales, zeros, perm
+        self._one = weight_ones(torch, w)
         self.device_index = infos[1].device[1]
         self.w_ptr = infos[1].ptr  # the weights' address the packed arguments hold
         self.device = backends.device(self.device_index)
@@ -539,7 +548,8 @@ class GemvWeights:
         call = self.calls.get(key)
         if call is None:
             stream = self._stream_of(self.device_index)
-            call = ShapedCall(tokens, y_like(x, self.N), _env_state(), self._launch_for(tokens, x.dtype, stream))
+            like = y_like(self._one[x.dtype], x, self.N)
+            call = ShapedCall(tokens, like, _env_state(), self._launch_for(tokens, x.dtype, stream))
             if not self.device.is_capturing(stream):  # a pick made inside a capture is not kept (kernel_for)
                 if len(self.calls) >= 64:
                     self.calls.clear()

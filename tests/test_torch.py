@@ -264,7 +264,8 @@ def _stubbed_layer(mod, is_capturing=lambda stream: False):
                           scales=mod.scales, zeros=mod.zeros, perm=None, device_index=-1, device=device, N=N, K=K,
                           _stream_of=lambda i: 0x50, _args=PackedArgs([0, 1, 2, 3, 0]), calls={}, _dense_launch={},
                           _chunk_launches={}, _gemm_launches={}, _gemm_why={},
-                          _gemm_args=PackedArgs([0, 1, 2, 3, 0, 0]), _lock=threading.Lock())
+                          _gemm_args=PackedArgs([0, 1, 2, 3, 0, 0]), _lock=threading.Lock(),
+                          _one=int4jit.api.weight_ones(torch, mod.w))
     layer._values = layer._args.values
     return layer
 
@@ -399,6 +400,10 @@ def test_eager_call_launches_with_the_prepared_layer_until_the_weights_move(monk
             assert values == [x.data_ptr(), 1, 2, 3, y.data_ptr()] and stream == 0x50
             assert (shape.M, shape.dtype) == (x.numel() // K, str(x.dtype).removeprefix("torch."))
     assert len(launched) == 9 and len(planned) == 3 and len(layer.calls) == 3
+    # what a plan keeps to make y from views the weights: it allocates nothing (memory a call kept
+    # would stop torch.compile's CUDA graphs from recording)
+    w_storage = mod.w.untyped_storage().data_ptr()
+    assert all(c.like.untyped_storage().data_ptr() == w_storage for c in layer.calls.values())
     capturing[0] = True  # a shape first seen inside a graph capture: launched, its pick not kept
     layer(torch.randn(2, K).half())
     assert len(launched) == 10 and len(planned) == 4 and len(layer.calls) == 3

@@ -117,3 +117,36 @@ def test_load_quantized_gptq_checkpoint_decodes_on_the_kernels(dtype):
     with torch.no_grad():
         gen = loaded.generate(ids, max_new_tokens=8, do_sample=False)
     assert gen.shape == (1, 20) and torch.equal(gen[:, :12], ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_torch_compile_reduce_overhead_decode_loop(dtype):
+    # a static-cache decode loop whose step runs in torch.compile's CUDA graphs: its warm-up runs
+    # allocate from the graphs' pool, and a tensor a call keeps there stops the recording ("tensors
+    # in the cudagraph pool not tracked as outputs"); replays give the eager loop's tokens
+    from transformers import StaticCache
+    model = _model(dtype)
+    quantize_model(model, group_size=128)
+    prompt, steps = 4, 6
+    cache = StaticCache(config=model.config, max_cache_len=prompt + steps + 1)
+
+    def step(tok, pos):
+        out = model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True)
+        return out.logits[:, -1:].argmax(-1)
+
+    def decode(fn, ids):
+        cache.reset()
+        tok, toks = step(ids, torch.arange(prompt, device="cuda")), []
+        for i in range(steps):
+            torch.compiler.cudagraph_mark_step_begin()
+            tok = fn(tok, torch.tensor([prompt + i], device="cuda")).clone()
+            toks.append(tok)
+        return torch.cat(toks, dim=-1)
+
+    ids = torch.randint(0, 4096, (1, prompt), device="cuda")
+    with torch.no_grad():
+        want = decode(step, ids)
+        compiled = torch.compile(step, mode="reduce-overhead")
+        first = decode(compiled, ids)  # warm-up, recording, replays
+        again = decode(compiled, ids)  # replays only
+    assert torch.equal(first, want) and torch.equal(again, want)
