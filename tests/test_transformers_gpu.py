@@ -62,18 +62,26 @@ def test_decode_on_int4jit_kernels_matches_dequantised_model(dtype):
     quantize_model(model, group_size=128, skip=["lm_head"])
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
     assert len(layers) == 2 * 7
+    _assert_decodes_on_the_kernels(model, model, layers, dtype)
+
+
+def _assert_decodes_on_the_kernels(model, quantized, layers, dtype) -> tuple:
+    """model's one-token step (after a 12-token prompt) within 5e-3 of `quantized` with its
+    dequantised weights in nn.Linear; q/k/v and gate/up fused; every layer (or its group) has a
+    prepared GemvWeights, so the step ran on the kernels; generate continues the prompt. Returns
+    the step's logits and the prompt."""
     ids = torch.randint(0, 4096, (1, 12), device="cuda")
     with torch.no_grad():
         got = _decode_logits(model, ids)
-        want = _decode_logits(_dequantised_copy(model, dtype), ids)
+        want = _decode_logits(_dequantised_copy(quantized, dtype), ids)
     rel = (got - want).norm() / want.norm()
-    assert rel <= 5e-3, f"{dtype}: relative error {rel:.2e}"
+    assert rel <= 5e-3, f"{dtype}: relative error {rel:.2e} against the dequantised model"
     assert_fused_like_llama(model)
-    # the one-token step ran on the kernels: every layer (or its group) has a prepared GemvWeights
     assert all(prepared_layer(m) is not None for m in layers)
     with torch.no_grad():
         gen = model.generate(ids, max_new_tokens=8, do_sample=False)
-    assert gen.shape == (1, 20)
+    assert gen.shape == (1, 20) and torch.equal(gen[:, :12], ids)
+    return got, ids
 
 
 def test_torch_compile_fullgraph_decode_step():
@@ -103,20 +111,11 @@ def test_load_quantized_gptq_checkpoint_decodes_on_the_kernels(dtype):
     loaded = load_quantized(_model(dtype, seed=1), checkpoint, config)
     layers = [m for m in loaded.modules() if isinstance(m, Int4Linear)]
     assert len(layers) == 2 * 7 and all(m.w.is_cuda and m.scales.is_cuda for m in layers)
-    ids = torch.randint(0, 4096, (1, 12), device="cuda")
+    got, ids = _assert_decodes_on_the_kernels(loaded, quantized, layers, dtype)
     with torch.no_grad():
-        got = _decode_logits(loaded, ids)
-        want = _decode_logits(_dequantised_copy(quantized, dtype), ids)
         same_kernels = _decode_logits(quantized, ids)
-    rel = (got - want).norm() / want.norm()
-    assert rel <= 5e-3, f"{dtype}: relative error {rel:.2e} against the dequantised model"
     rel = (got - same_kernels).norm() / same_kernels.norm()
     assert rel <= 2e-3, f"{dtype}: relative error {rel:.2e} against the model the checkpoint was made from"
-    assert_fused_like_llama(loaded)
-    assert all(prepared_layer(m) is not None for m in layers)
-    with torch.no_grad():
-        gen = loaded.generate(ids, max_new_tokens=8, do_sample=False)
-    assert gen.shape == (1, 20) and torch.equal(gen[:, :12], ids)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
