@@ -2,14 +2,15 @@
 `import int4jit` never imports torch; this module does.
 
 Int4Linear's call of 1..16 tokens on the GPU runs the int4jit kernel through the layer's
-GemvWeights (validated once; a call re-checks only x). Under torch.compile, and where x requires
-grad, it goes through the registered custom op `torch.ops.int4jit.gemv` (with a fake
-implementation and a backward), so Dynamo traces no int4jit Python and CUDA graphs
-(mode="reduce-overhead") capture the launch. A few more tokens (up to chunked_tokens: 32 to 64 by
-the weights' size) launch the kernel once per 16; on Hopper a prompt of GEMM_MIN_TOKENS (33) to
-GEMM_MAX_TOKENS runs the int4 GEMM instead, on layers of 6 MB of int4 weights or more. Anything
-else (longer prefill, the CPU, a call no kernel serves on the target) dequantises and uses
-torch.matmul, with a warning naming why.
+GemvWeights (validated once; a call re-checks only x). Under torch.compile every call, of any
+number of tokens, is one node of the registered custom op `torch.ops.int4jit.gemv` (with a fake
+implementation and a backward), which picks the path below when it runs: Dynamo traces no int4jit
+Python, a compiled model is one graph for prompts too, and CUDA graphs (mode="reduce-overhead")
+capture the launches. Where x on the GPU requires grad, calls go through the op too. A few more
+tokens (up to chunked_tokens: 32 to 64 by the weights' size) launch the kernel once per 16; on
+Hopper a prompt of GEMM_MIN_TOKENS (33) to GEMM_MAX_TOKENS runs the int4 GEMM instead, on layers
+of 6 MB of int4 weights or more. Anything else (longer prefill, the CPU, a call no kernel serves
+on the target) dequantises and uses torch.matmul, with a warning naming why.
 quantize_model also fuses the layers a model calls on the same x (q/k/v, gate/up) into one
 Int4Linear each, for eager calls (fuse_shared_inputs): one launch and one call's host time for all.
 load_quantized swaps them in from a checkpoint instead: GPTQ, AWQ, or a quantized model's state_dict.
@@ -31,7 +32,7 @@ from .formats import from_quantized_layer
 from .shapes import MAX_TOKENS
 from .reference import quantize
 from .trace import trace
-from .validate import validate
+from .validate import validate, validate_x
 
 log = logging.getLogger("int4jit")
 # The CPU path keeps the dequantised weight of a module up to this size (and dequantises once).
@@ -80,12 +81,6 @@ def gemm_max_tokens(out_features: int, in_features: int) -> int:
     return GEMM_MAX_TOKENS if out_features * in_features // 2 >= GEMM_MIN_BYTES else 0
 
 
-def _through_op(x: torch.Tensor) -> bool:
-    """Whether a kernel call goes through the custom op: under torch.compile (traced as one node)
-    or where x needs a gradient (its backward)."""
-    return torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled())
-
-
 def _unpack_dequantize(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], dtype) -> torch.Tensor:
     """Canonical int4 tensors -> dense [N, K] weight in `dtype`, on their device (one pass)."""
     q = torch.stack((w & 0xF, w >> 4), dim=-1).reshape(w.shape[0], -1).to(torch.float32)
@@ -114,9 +109,43 @@ def _layer_for(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tens
 
 @torch.library.custom_op("int4jit::gemv", mutates_args=())
 def gemv_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor]) -> torch.Tensor:
-    """y [..., N] = x @ dequant(w)^T for 1..16 tokens x [..., K] (fp16 or bf16) on the GPU; on the
-    CPU dequantise + matmul. Differentiable in x (the weights are constants)."""
-    return _layer_for(w, scales, zeros)(x.contiguous())
+    """y [..., N] = x @ dequant(w)^T for x [..., K] of any number of tokens: on the GPU the path
+    Int4Linear's eager call takes (_on_the_gpu), on the CPU dequantise + matmul. Differentiable in
+    x (the weights are constants)."""
+    return _on_the_gpu(_layer_for(w, scales, zeros), x.contiguous())
+
+
+# Layers whose several-token kernel is unavailable here (warned once each): the op dequantises.
+_no_chunks: "weakref.WeakSet[GemvWeights]" = weakref.WeakSet()
+
+
+def _on_the_gpu(layer: GemvWeights, x: torch.Tensor) -> torch.Tensor:
+    """The op's GPU kernel (x contiguous): the path Int4Linear's eager call takes at the limits of
+    the layer's shape (chunked_tokens, gemm_max_tokens), chosen when it runs, so that a compiled
+    model is one graph whatever the prompt's length. 1..16 tokens: the GEMV kernel; on Hopper
+    GEMM_MIN_TOKENS to gemm_max_tokens: the int4 GEMM; up to chunked_tokens: the kernel once per
+    16; more: one dequantising launch + cuBLAS. float32 and float64 x: the weight dequantised in
+    float16, then matmul in x's dtype."""
+    N, K = layer.N, layer.K
+    tokens = x.numel() // K if x.shape and x.shape[-1] == K else -1
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if not half and x.dtype in INPUT_DTYPES and tokens >= 0 and x.get_device() == layer.device_index:
+        return torch.matmul(x, layer.dense(x.new_empty(N, K, dtype=torch.float16)).to(x.dtype).t())
+    if not half or tokens <= MAX_TOKENS:
+        return layer(x)  # 1..16 tokens; anything else gets GemvWeights' error
+    validate_x(x.view(tokens, K)[:MAX_TOKENS], K, layer.device_index)  # dtype, device, alignment
+    y = x.new_empty(*x.shape[:-1], N)
+    if GEMM_MIN_TOKENS <= tokens <= gemm_max_tokens(N, K) and layer.gemm_unsupported(x.dtype) is None:
+        return layer.matmul(x, y)
+    if tokens <= chunked_tokens(N, K) and layer not in _no_chunks:
+        try:
+            layer.launch_chunks(x.view(tokens, K), y.view(tokens, N))
+            return y
+        except NotImplementedError as e:
+            _no_chunks.add(layer)
+            log.warning("int4jit: int4jit::gemv %dx%d dequantises for %d to %d tokens: %s", N, K,
+                        MAX_TOKENS + 1, chunked_tokens(N, K), e)
+    return nn.functional.linear(x, layer.dense(x.new_empty(N, K)))
 
 
 @gemv_op.register_kernel("cpu")
@@ -165,11 +194,13 @@ class Int4Linear(nn.Module):
     or 0 under GEMM_MIN_BYTES of weights) runs the int4 GEMM (GemvWeights.matmul); other prefills
     dequantise once per call on the GPU with one int4jit launch (templates/dequant.hip) and use
     torch.matmul; on the CPU the dequantised weight is kept per module (up to
-    CPU_DENSE_CACHE_BYTES). An x that requires grad (grad enabled) goes through the custom op,
-    whose backward gives dL/dx (the int4 weights are constants). A conversion of the model's dtype
-    leaves the scales as quantised. The weight buffers are GemvWeights' (fixed while in use: a
-    kernel that writes them must not be the one launched right before the layer's call on its
-    stream)."""
+    CPU_DENSE_CACHE_BYTES). Under torch.compile, and on the GPU where x requires grad (grad
+    enabled), every call is one node of the custom op, which takes the same paths when it runs,
+    at the limits of the layer's shape (a module's own `chunked_tokens` and `gemm_max_tokens` hold
+    in the other calls only); its backward gives dL/dx (the int4 weights are constants). A
+    conversion of the model's dtype leaves the scales as quantised. The weight buffers are
+    GemvWeights' (fixed while in use: a kernel that writes them must not be the one launched right
+    before the layer's call on its stream)."""
 
     def __init__(self, w, scales, zeros=None, bias=None, perm=None):
         super().__init__()
@@ -270,7 +301,7 @@ class Int4Linear(nn.Module):
         # an earlier call checked and planned (layer.calls: decode) or took a prefill path for
         # (self._prompts), contiguous, on the layer's GPU, no gradient wanted, the weights not
         # moved since prepared. Anything else takes the full path below, which makes the entry.
-        # Under torch.compile the second test is false and nothing else here is traced.
+        # Under torch.compile the second test is false, and the op below is all that is traced.
         if layer is not None and not compiling and layer.w is self._buffers["w"] \
                 and self._buffers["perm"] is None and x.get_device() == layer.device_index and x.is_contiguous() \
                 and not x.requires_grad:
@@ -288,6 +319,9 @@ class Int4Linear(nn.Module):
         _check_input_dtype(x, "Int4Linear")
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
+        if compiling or (x.is_cuda and x.requires_grad and torch.is_grad_enabled()):
+            # one node of the op whatever x is (a graph's; its backward): it picks the path when it runs
+            return self._plus_bias(torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros))
         tokens = x.numel() // self.in_features
         if self._gemm_serves(x, tokens):
             return self._through_gemm(x)
@@ -297,13 +331,10 @@ class Int4Linear(nn.Module):
         if tokens > MAX_TOKENS:
             return self._in_chunks(x, tokens)
         x = x if x.is_contiguous() else x.contiguous()
-        if _through_op(x):
-            y = torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros)
-        else:
-            try:
-                y = self._prepared()(x)
-            except NotImplementedError as e:
-                return self._kernel_unavailable(x, e)
+        try:
+            y = self._prepared()(x)
+        except NotImplementedError as e:
+            return self._kernel_unavailable(x, e)
         return self._plus_bias(y)
 
     def _in_chunks(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -311,22 +342,18 @@ class Int4Linear(nn.Module):
         int4 weights (cheaper than dequantising them up to chunked_tokens)."""
         x2 = x.reshape(tokens, self.in_features)
         x2 = x2 if x2.is_contiguous() else x2.contiguous()
-        if _through_op(x):
-            y = torch.cat([torch.ops.int4jit.gemv(x2[i:i + MAX_TOKENS], self.w, self.scales, self.zeros)
-                           for i in range(0, tokens, MAX_TOKENS)])
-        else:
-            try:
-                y = self._prepared().launch_chunks(x2, x2.new_empty(tokens, self.out_features))
-            except NotImplementedError as e:
-                return self._kernel_unavailable(x, e)
+        try:
+            y = self._prepared().launch_chunks(x2, x2.new_empty(tokens, self.out_features))
+        except NotImplementedError as e:
+            return self._kernel_unavailable(x, e)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return self._plus_bias(y)
 
     def _gemm_serves(self, x: torch.Tensor, tokens: int) -> bool:
         """A prompt the int4 GEMM takes (GEMM_MIN_TOKENS to gemm_max_tokens): on the layer's GPU,
-        a Hopper, eager."""
+        a Hopper."""
         if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
-                and GEMM_MIN_TOKENS <= tokens <= self.gemm_max_tokens) or _through_op(x):
+                and GEMM_MIN_TOKENS <= tokens <= self.gemm_max_tokens):
             return False
         layer = self._prepared()
         return x.get_device() == layer.device_index and layer.gemm_unsupported(x.dtype) is None
@@ -375,15 +402,13 @@ class Int4Linear(nn.Module):
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.numel() // self.in_features
-        if not self._warned and not torch.compiler.is_compiling():
+        if not self._warned:
             self._warned = True
             why = ("several tokens (prefill)" if tokens > 1 else f"{x.dtype} activations") if x.is_cuda else "the CPU"
             (trace if x.is_cuda and tokens > 1 else log.warning)(
                 "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
                 self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
         if not x.is_cuda:
-            if torch.compiler.is_compiling():  # one node (its CPU kernel dequantises every call)
-                return self._plus_bias(torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros))
             W = self._cpu_dense(x.dtype)
         elif x.dtype in (torch.float16, torch.bfloat16):  # one dequantising launch into a fresh workspace, then cuBLAS
             layer, shape, dtype, device = self._prepared(), (self.out_features, self.in_features), x.dtype, x.device

@@ -226,6 +226,86 @@ def test_custom_op_is_registered_with_a_fake_implementation():
         assert y.shape == (1, 1, 512) and y.dtype == torch.float16
 
 
+class _PathLayer:
+    """A GemvWeights stand-in on 'device -1' (where CPU tensors report themselves) for the op's GPU
+    kernel: each path writes its own value into y, so the output says which ran."""
+    device_index = -1
+
+    def __init__(self, N, K, gemm=True, chunks=True):
+        self.N, self.K, self.gemm, self.chunks, self.ran = N, K, gemm, chunks, []
+
+    def __call__(self, x):
+        self.ran.append("gemv")
+        return torch.full((*x.shape[:-1], self.N), 1.0, dtype=x.dtype)
+
+    def gemm_unsupported(self, dtype):
+        return None if self.gemm else "not Hopper"
+
+    def matmul(self, x, out):
+        self.ran.append("gemm")
+        return out.fill_(2.0)
+
+    def launch_chunks(self, x, out):
+        self.ran.append("chunks")
+        if not self.chunks:
+            raise NotImplementedError("no several-token kernel here")
+        return out.fill_(3.0)
+
+    def dense(self, out):
+        self.ran.append("dense")
+        return out.fill_(1.0 / self.K)  # y = the sum of x / K
+
+
+@pytest.mark.parametrize("gemm", [True, False])
+def test_op_on_the_gpu_takes_the_eager_path_for_every_token_count(monkeypatch, caplog, gemm):
+    """torch.ops.int4jit.gemv's GPU kernel serves any number of tokens (a compiled model calls it
+    for prompts too): 1..16 the GEMV kernel; on Hopper 33..512 the int4 GEMM (layers of 6 MB of
+    int4 weights or more); up to chunked_tokens the kernel once per 16; more, or where the
+    several-token kernel is missing (warned once), one dequantising launch + cuBLAS; float32 the
+    weight in float16. x's first 16 tokens get the launch checks."""
+    from int4jit import torch as i4t
+    checked = []
+    monkeypatch.setattr(i4t, "validate_x", lambda x, K, device: checked.append(tuple(x.shape)))
+    big = _PathLayer(4096, 4096, gemm=gemm)  # 8 MB of int4 weights: chunks to 32 tokens, the GEMM to 512
+    assert (i4t.chunked_tokens(4096, 4096), i4t.gemm_max_tokens(4096, 4096)) == (32, 512)
+    for tokens, path in ((1, "gemv"), (16, "gemv"), (17, "chunks"), (32, "chunks"), (33, "gemm" if gemm else "dense"),
+                         (512, "gemm" if gemm else "dense")):
+        x = torch.randn(1, tokens, 4096, dtype=torch.bfloat16)
+        y = i4t._on_the_gpu(big, x)
+        assert big.ran[-1] == path and y.shape == (1, tokens, 4096) and y.dtype == torch.bfloat16
+        want = {"gemv": 1.0, "chunks": 3.0, "gemm": 2.0}.get(path)
+        if want is not None:
+            assert torch.all(y == want)
+    assert checked == [(16, 4096)] * 4
+    small = _PathLayer(64, 256, chunks=False)  # 8 KB: never the GEMM
+    x = torch.randn(600, 256, dtype=torch.float16)
+    assert torch.allclose(i4t._on_the_gpu(small, x).float(), x.float().sum(-1, keepdim=True).expand(600, 64) / 256,
+                          rtol=1e-2, atol=1e-2) and small.ran == ["dense"]
+    for _ in range(2):
+        i4t._on_the_gpu(small, torch.randn(20, 256, dtype=torch.float16))
+    assert small.ran == ["dense", "chunks", "dense", "dense"]  # the missing kernel is tried once
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "64x256 dequantises for 17 to 32 tokens: no several-token kernel" in warned[0]
+    y = i4t._on_the_gpu(small, torch.randn(3, 256, dtype=torch.float64))
+    assert y.dtype == torch.float64 and small.ran[-1] == "dense"
+    small.ran.clear()
+    i4t._on_the_gpu(small, torch.randn(3, 255, dtype=torch.float16))  # malformed: GemvWeights' checks
+    assert small.ran == ["gemv"]
+
+
+def test_compiled_int4linear_is_one_graph_for_any_number_of_tokens():
+    """Under torch.compile every call is one int4jit::gemv node (the op picks the path when it
+    runs): fullgraph compiles at 1, 20 and 600 tokens, in float32 and bfloat16, and gives the
+    eager result (CPU)."""
+    lin = torch.nn.Linear(256, 64)
+    q = Int4Linear.from_linear(lin, group_size=64)
+    compiled = torch.compile(q, fullgraph=True, backend="eager", dynamic=False)  # a graph break would raise
+    for tokens in (1, 20, 600):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(2, tokens, 256).to(dtype)
+            torch.testing.assert_close(compiled(x), q(x), rtol=1e-2, atol=1e-2)
+
+
 def test_act_order_layer_permutes_x_on_the_cpu():
     """Int4Linear.from_weights keeps an act-order permutation: y = W_canonical @ x[perm] (+ bias)."""
     rng = np.random.default_rng(1)
@@ -445,12 +525,13 @@ def test_gradients_flow_to_x_through_every_path():
 @pytest.mark.gpu
 def test_gradients_flow_to_x_on_the_gpu_kernels():
     """On the GPU a call whose x requires grad (with grad enabled) runs the kernel through the
-    custom op, so y matches the reference and x.grad = dL/dy @ W, for one token and several (40
-    in chunks of 16); under torch.no_grad the eager path is unchanged."""
+    custom op, so y matches the reference and x.grad = dL/dy @ W, for one token and several (40:
+    more than a 2 MB layer's chunks take, dequantised); under torch.no_grad the eager path is
+    unchanged."""
     q = Int4Linear.from_linear(torch.nn.Linear(4096, 1024, bias=False).cuda(), group_size=128).cuda()
     w, s, z = (t.cpu().numpy() for t in (q.w, q.scales, q.zeros))
     W = torch.from_numpy(int4jit.dequantize(w, s, z)).cuda()
-    for tokens in (1, 4, 40):  # 40: the chunked path, one custom op a chunk
+    for tokens in (1, 4, 20, 40):  # 20: in chunks of 16
         x = torch.randn(1, tokens, 4096, device="cuda", dtype=torch.float16, requires_grad=True)
         y = q(x)
         assert y.requires_grad and y.shape == (1, tokens, 1024)
