@@ -20,7 +20,8 @@ are served by each system, one after the other in one process:
 Per system: decode tok/s, eager (a plain loop: forward one token with the KV cache, 64
 tokens, best of 3) and with torch.compile(mode="reduce-overhead") on a static cache (a
 one-token step compiled into CUDA graphs, 64 tokens, best of 3 after a compiling run) where it works; prefill ms (one
-forward of 512 tokens, median of 15); the last logits of an 8-token prompt against the fp16
+forward of 512 tokens, median of 15), eager and under torch.compile (the model compiled as it is, default mode,
+static shapes); the last logits of an 8-token prompt against the fp16
 model's (relative difference). A system or a measurement that fails is recorded with its
 error and the rest go on; the JSON is rewritten after every system.
 
@@ -292,6 +293,15 @@ def run_system(torch, name, base, cfg_kw, args, ref_logits, prompt) -> dict:
                                    if isinstance(m, i4t.Int4Linear) and isinstance(m._shared, i4t._Fused)})
         print(f"  {name}: {res['fused_groups']} fused groups of layers", flush=True)
     if not args.no_compile:
+        try:  # the whole model compiled as a user would: one graph a prompt length
+            res["prefill_compiled_ms"] = prefill_ms(torch, torch.compile(model, dynamic=False), vocab, args.prefill,
+                                                    args.runs)
+            print(f"  {name}: prefill_compiled_ms {res['prefill_compiled_ms']:.4g}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            res["prefill_compiled_ms_error"] = f"{type(e).__name__}: {e}"[:400]
+            print(f"  {name}: torch.compile prefill failed: {res['prefill_compiled_ms_error']}", flush=True)
+            traceback.print_exc(limit=4)
+        torch._dynamo.reset()
         try:
             res["decode_compiled_tok_s"], res["compile_s"] = decode_compiled(torch, model, vocab, args.tokens, args.runs)
             print(f"  {name}: decode_compiled_tok_s {res['decode_compiled_tok_s']:.4g} "
@@ -353,14 +363,15 @@ def markdown(doc) -> str:
              f"{', each system in its own process' if doc.get('isolated') else ''} "
              f"(`{doc.get('command', 'python3 bench/e2e_decode.py' + (' --quick' if doc['quick'] else ''))}`)", "",
              "| system | decode tok/s (eager) | decode tok/s (torch.compile reduce-overhead) | prefill ms | "
-             "logits vs fp16 | quantize s |", "|---|---|---|---|---|---|"]
+             "prefill ms (torch.compile) | logits vs fp16 | quantize s |", "|---|---|---|---|---|---|---|"]
     f = lambda r, k, fmt: fmt.format(r[k]) if k in r else ("error" if k + "_error" in r else "n/a")
     for name, r in doc["systems"].items():
         if "error" in r:
-            lines.append(f"| {name} | failed: {r['error'].splitlines()[0][:100]} | | | | |")
+            lines.append(f"| {name} | failed: {r['error'].splitlines()[0][:100]} | | | | | |")
             continue
         lines.append(f"| {name} | {f(r, 'decode_eager_tok_s', '{:.0f}')} | {f(r, 'decode_compiled_tok_s', '{:.0f}')} | "
-                     f"{f(r, 'prefill_ms', '{:.2f}')} | {f(r, 'logits_rel_diff_vs_fp16', '{:.1e}')} | "
+                     f"{f(r, 'prefill_ms', '{:.2f}')} | {f(r, 'prefill_compiled_ms', '{:.2f}')} | "
+                     f"{f(r, 'logits_rel_diff_vs_fp16', '{:.1e}')} | "
                      f"{f(r, 'quantize_s', '{:.1f}')} |")
     errs = [f"{n} {k}: {v.splitlines()[0][:150]}" for n, r in doc["systems"].items() for k, v in r.items()
             if k.endswith("error") and k != "error"]
