@@ -643,8 +643,8 @@ def load_quantized(model: nn.Module, tensors, config: Optional[dict] = None, fus
     checkpoint: its shards' dicts merged; torch tensors on any device, or numpy arrays).
     fuse: layers called on the same x run as one launch (fuse_shared_inputs)."""
     gptq = {name[:-len(".qweight")] for name in tensors if name.endswith(".qweight")}
-    own = {name[:-len(".w")] for name in tensors if name.endswith(".w") and f"{name[:-2]}.scales" in tensors
-           and isinstance(_submodule(model, name[:-2]), nn.Linear)}
+    own = {n for n in (name[:-len(".w")] for name in tensors if name.endswith(".w"))
+           if f"{n}.scales" in tensors and isinstance(_submodule(model, n), nn.Linear)}
     layers = {**{n: QUANTIZED_SUFFIXES for n in gptq}, **{n: INT4JIT_SUFFIXES for n in own - gptq}}
     if gptq and config is None:
         raise TypeError(f"the checkpoint has GPTQ/AWQ layers ({sorted(gptq)[0]}, ...): pass its quantize config "
