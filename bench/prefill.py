@@ -11,7 +11,7 @@ first warms the GPU up):
   dense        F.linear with the dense weight in the activation dtype (what the model ran before
                quantising): the baseline
   int4jit      Int4Linear's forward
-  path         the path Int4Linear's forward took: chunks, gemm or dequant
+  path         the path Int4Linear's forward took (Int4Linear.path): chunks, gemm or dense
   dequant + mm the dequantising launch then F.linear (Int4Linear's path above chunked_tokens
                where the GEMM does not serve)
   int4 GEMM    GemvWeights.matmul: x laid out for the GEMM, then the GEMM reading the int4
@@ -121,7 +121,7 @@ def measure_shape(torch, name, N, K, T, dtype, copy_Bps, group):
     row["int4jit_rel_diff"] = rel(layers[0](x))
     row["int4jit_us"] = median_time(lambda: [m(x) for m in layers], copies)
     m = layers[0]
-    row["path"] = ("gemm" if m._gemm_serves(x, T) else "chunks" if T <= m.chunked_tokens else "dequant")
+    row["path"] = m.path(x)
     ws = torch.empty(N, K, dtype=dtype, device=dev)
     t_deq = median_time(lambda: [g.dense(ws) for g in gw], copies)
     row["dequant_mm_us"] = median_time(lambda: [torch.nn.functional.linear(x, g.dense(ws)) for g in gw], copies)

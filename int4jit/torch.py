@@ -119,33 +119,65 @@ def gemv_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: Optio
 _no_chunks: "weakref.WeakSet[GemvWeights]" = weakref.WeakSet()
 
 
-def _on_the_gpu(layer: GemvWeights, x: torch.Tensor) -> torch.Tensor:
-    """The op's GPU kernel (x contiguous): the path Int4Linear's eager call takes at the limits of
-    the layer's shape (chunked_tokens, gemm_max_tokens), chosen when it runs, so that a compiled
-    model is one graph whatever the prompt's length. 1..16 tokens: the GEMV kernel; on Hopper
-    GEMM_MIN_TOKENS to gemm_max_tokens: the int4 GEMM; up to chunked_tokens: the kernel once per
-    16; more: one dequantising launch + cuBLAS. float32 and float64 x: the weight dequantised in
-    float16, then matmul in x's dtype."""
+def _gpu_path(layer: GemvWeights, dtype, tokens: int, chunked: int, gemm_max: int) -> str:
+    """How a GPU call of `tokens` tokens of `dtype` runs, Int4Linear's eager call and the op's
+    alike, with launches of MAX_TOKENS up to `chunked` tokens and the int4 GEMM (Hopper) from
+    GEMM_MIN_TOKENS to `gemm_max`: "gemv" (1..16 tokens, the kernel), "gemm", "chunks" (the
+    kernel once per 16 tokens), "dense" (one dequantising launch + cuBLAS: longer prompts, and an
+    empty x) or "float" (float32/64 x: the weight dequantised in float16, then in x's dtype)."""
+    if dtype is not torch.float16 and dtype is not torch.bfloat16:
+        return "float"
+    if 1 <= tokens <= MAX_TOKENS:
+        return "gemv"
+    if GEMM_MIN_TOKENS <= tokens <= gemm_max and layer.gemm_unsupported(dtype) is None:
+        return "gemm"
+    return "chunks" if MAX_TOKENS < tokens <= chunked else "dense"
+
+
+def _check_prompt(layer: GemvWeights, x: torch.Tensor, tokens: int) -> None:
+    """The launch checks of a prompt's x (dtype, device, alignment), on its first MAX_TOKENS tokens."""
+    if tokens:
+        validate_x(x.view(tokens, layer.K)[:MAX_TOKENS], layer.K, layer.device_index)
+
+
+def _run(layer: GemvWeights, path: str, x: torch.Tensor, tokens: int) -> torch.Tensor:
+    """y [..., N] for x [..., K] (contiguous, checked as its path needs) by `path` (_gpu_path)."""
     N, K = layer.N, layer.K
-    tokens = x.numel() // K if x.shape and x.shape[-1] == K else -1
-    half = x.dtype in (torch.float16, torch.bfloat16)
-    if not half and x.dtype in INPUT_DTYPES and tokens >= 0 and x.get_device() == layer.device_index:
+    if path == "gemv":
+        return layer(x)
+    if path == "float":
         return torch.matmul(x, layer.dense(x.new_empty(N, K, dtype=torch.float16)).to(x.dtype).t())
-    if not half or tokens <= MAX_TOKENS:
-        return layer(x)  # 1..16 tokens; anything else gets GemvWeights' error
-    validate_x(x.view(tokens, K)[:MAX_TOKENS], K, layer.device_index)  # dtype, device, alignment
+    if path == "dense":
+        return nn.functional.linear(x, layer.dense(x.new_empty(N, K)))
     y = x.new_empty(*x.shape[:-1], N)
-    if GEMM_MIN_TOKENS <= tokens <= gemm_max_tokens(N, K) and layer.gemm_unsupported(x.dtype) is None:
+    if path == "gemm":
         return layer.matmul(x, y)
-    if tokens <= chunked_tokens(N, K) and layer not in _no_chunks:
+    layer.launch_chunks(x.view(tokens, K), y.view(tokens, N))
+    return y
+
+
+def _on_the_gpu(layer: GemvWeights, x: torch.Tensor) -> torch.Tensor:
+    """The op's GPU kernel (x contiguous): the path Int4Linear's eager call takes (_gpu_path) at
+    the limits of the layer's shape (chunked_tokens, gemm_max_tokens), chosen when it runs, so
+    that a compiled model is one graph whatever the prompt's length."""
+    N, K = layer.N, layer.K
+    if not x.shape or x.shape[-1] != K or x.dtype not in INPUT_DTYPES:
+        return layer(x)  # GemvWeights' checks say what is wrong
+    tokens = x.numel() // K
+    path = _gpu_path(layer, x.dtype, tokens, chunked_tokens(N, K), gemm_max_tokens(N, K))
+    if path == "chunks" and layer in _no_chunks:
+        path = "dense"
+    if path in ("gemm", "chunks", "dense"):
+        _check_prompt(layer, x, tokens)
+    if path == "chunks":
         try:
-            layer.launch_chunks(x.view(tokens, K), y.view(tokens, N))
-            return y
+            return _run(layer, path, x, tokens)
         except NotImplementedError as e:
             _no_chunks.add(layer)
             log.warning("int4jit: int4jit::gemv %dx%d dequantises for %d to %d tokens: %s", N, K,
                         MAX_TOKENS + 1, chunked_tokens(N, K), e)
-    return nn.functional.linear(x, layer.dense(x.new_empty(N, K)))
+            path = "dense"
+    return _run(layer, path, x, tokens)
 
 
 @gemv_op.register_kernel("cpu")
@@ -322,50 +354,40 @@ class Int4Linear(nn.Module):
         if compiling or (x.is_cuda and x.requires_grad and torch.is_grad_enabled()):
             # one node of the op whatever x is (a graph's; its backward): it picks the path when it runs
             return self._plus_bias(torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros))
-        tokens = x.numel() // self.in_features
-        if self._gemm_serves(x, tokens):
-            return self._through_gemm(x)
-        if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and 1 <= tokens <= self.chunked_tokens) \
-                or (x.dtype, tokens) in self._no_kernel:
-            return self._fallback(x)
-        if tokens > MAX_TOKENS:
-            return self._in_chunks(x, tokens)
-        x = x if x.is_contiguous() else x.contiguous()
-        try:
-            y = self._prepared()(x)
-        except NotImplementedError as e:
-            return self._kernel_unavailable(x, e)
-        return self._plus_bias(y)
+        if not x.is_cuda:
+            return self._on_the_cpu(x)
+        return self._on_the_gpu(x if x.is_contiguous() else x.contiguous())
 
-    def _in_chunks(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
-        """17..chunked_tokens tokens: the kernel once per MAX_TOKENS tokens, each launch reading the
-        int4 weights (cheaper than dequantising them up to chunked_tokens)."""
-        x2 = x.reshape(tokens, self.in_features)
-        x2 = x2 if x2.is_contiguous() else x2.contiguous()
-        try:
-            y = self._prepared().launch_chunks(x2, x2.new_empty(tokens, self.out_features))
-        except NotImplementedError as e:
-            return self._kernel_unavailable(x, e)
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return self._plus_bias(y)
+    def path(self, x: torch.Tensor) -> str:
+        """The way an eager call on x goes: "cpu", or on the GPU one of _gpu_path's (with this
+        module's chunked_tokens and gemm_max_tokens; a token count no kernel serves here, once
+        seen, "dense")."""
+        return self._gpu_path(self._prepared(), x, x.numel() // self.in_features) if x.is_cuda else "cpu"
 
-    def _gemm_serves(self, x: torch.Tensor, tokens: int) -> bool:
-        """A prompt the int4 GEMM takes (GEMM_MIN_TOKENS to gemm_max_tokens): on the layer's GPU,
-        a Hopper."""
-        if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
-                and GEMM_MIN_TOKENS <= tokens <= self.gemm_max_tokens):
-            return False
-        layer = self._prepared()
-        return x.get_device() == layer.device_index and layer.gemm_unsupported(x.dtype) is None
+    def _gpu_path(self, layer: GemvWeights, x: torch.Tensor, tokens: int) -> str:
+        path = _gpu_path(layer, x.dtype, tokens, self.chunked_tokens, self.gemm_max_tokens)
+        return "dense" if path in ("gemv", "chunks") and (x.dtype, tokens) in self._no_kernel else path
 
-    def _through_gemm(self, x: torch.Tensor) -> torch.Tensor:
-        layer, shape, dtype, device = self._prepared(), (*x.shape[:-1], self.out_features), x.dtype, x.device
-
-        def prompt(x):
-            return layer.matmul(x, torch.empty(shape, dtype=dtype, device=device))
-
-        y = prompt(x if x.is_contiguous() else x.contiguous())
-        self._remember(x, prompt)
+    def _on_the_gpu(self, x: torch.Tensor) -> torch.Tensor:
+        """A GPU call (x contiguous) by its path; a prompt's path is kept for the next x of its
+        shape (_remember). A kernel the target lacks is said once, then that token count dequantises."""
+        layer, tokens = self._prepared(), x.numel() // self.in_features
+        path = self._gpu_path(layer, x, tokens)
+        if path in ("gemm", "chunks", "dense"):
+            _check_prompt(layer, x, tokens)
+        if path in ("gemv", "chunks"):
+            try:
+                return self._plus_bias(_run(layer, path, x, tokens))
+            except NotImplementedError as e:  # e.g. several tokens or bf16 on a target without tensor-core kernels
+                self._no_kernel.add((x.dtype, tokens))
+                log.warning("int4jit: Int4Linear %dx%d falls back to dequantise + matmul: %s", self.out_features,
+                            self.in_features, e)
+                path = "dense"
+        if path in ("dense", "float"):
+            self._say_fallback(x, tokens)
+        y = _run(layer, path, x, tokens)
+        if path in ("gemm", "dense"):
+            self._remember(x, lambda x: _run(layer, path, x, tokens))
         return self._plus_bias(y)
 
     def _remember(self, x: torch.Tensor, prompt) -> None:
@@ -378,13 +400,15 @@ class Int4Linear(nn.Module):
     def _plus_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def _kernel_unavailable(self, x: torch.Tensor, e: NotImplementedError) -> torch.Tensor:
-        """No int4jit kernel serves calls of this dtype and token count here (e.g. several tokens
-        or bf16 on a target without tensor-core kernels): said, then dequantise + matmul for them."""
-        self._no_kernel.add((x.dtype, x.numel() // self.in_features))
-        log.warning("int4jit: Int4Linear %dx%d falls back to dequantise + matmul: %s", self.out_features,
-                    self.in_features, e)
-        return self._fallback(x)
+    def _say_fallback(self, x: torch.Tensor, tokens: int) -> None:
+        """Said once per module: a call that dequantises + multiplies, and why (a GPU prefill only traced)."""
+        if self._warned:
+            return
+        self._warned = True
+        why = ("several tokens (prefill)" if tokens > 1 else f"{x.dtype} activations") if x.is_cuda else "the CPU"
+        (trace if x.is_cuda and tokens > 1 else log.warning)(
+            "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
+            self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
 
     def _cpu_dense(self, dtype) -> torch.Tensor:
         """The dequantised weight in `dtype`, kept per module (up to CPU_DENSE_CACHE_BYTES) until the
@@ -400,30 +424,9 @@ class Int4Linear(nn.Module):
             self._dense, self._dense_of = W, (dtype, weights, versions)
         return W
 
-    def _fallback(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = x.numel() // self.in_features
-        if not self._warned:
-            self._warned = True
-            why = ("several tokens (prefill)" if tokens > 1 else f"{x.dtype} activations") if x.is_cuda else "the CPU"
-            (trace if x.is_cuda and tokens > 1 else log.warning)(
-                "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
-                self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
-        if not x.is_cuda:
-            W = self._cpu_dense(x.dtype)
-        elif x.dtype in (torch.float16, torch.bfloat16):  # one dequantising launch into a fresh workspace, then cuBLAS
-            layer, shape, dtype, device = self._prepared(), (self.out_features, self.in_features), x.dtype, x.device
-
-            def prompt(x):  # x on the layer's device (the fast path checks it; dense below here)
-                return nn.functional.linear(x, layer.write_dense(torch.empty(shape, dtype=dtype, device=device)))
-
-            y = nn.functional.linear(x, layer.dense(torch.empty(shape, dtype=dtype, device=device)))
-            self._remember(x, prompt)
-            return self._plus_bias(y)
-        else:  # other activation types: the weight in float16, then in theirs
-            W = self._prepared().dense(torch.empty(self.out_features, self.in_features, dtype=torch.float16,
-                                                   device=x.device)).to(x.dtype)
-        y = torch.matmul(x, W.t())
-        return self._plus_bias(y)
+    def _on_the_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        self._say_fallback(x, x.numel() // self.in_features)
+        return self._plus_bias(torch.matmul(x, self._cpu_dense(x.dtype).t()))
 
 
 # -- layers that share their input ------------------------------------------------------

@@ -188,31 +188,6 @@ def test_a_module_keeps_the_paths_of_its_latest_prompt_shapes_and_pickles_withou
     assert pickle.loads(pickle.dumps(q))._prompts == {} and len(q._prompts) == PROMPT_SHAPES
 
 
-def test_a_chunked_call_no_kernel_serves_falls_back_and_says_why(monkeypatch, caplog):
-    """Where no kernel serves 16 tokens (AMD, or sm < 80), the chunked call warns once naming the
-    reason, dequantises + multiplies (right), and does not try the kernel again for that count."""
-    import logging
-    lin = torch.nn.Linear(256, 64, bias=True)
-    q = Int4Linear.from_linear(lin, group_size=128)
-    tries = []
-
-    class NoKernel:
-        def launch_chunks(self, x, out):
-            tries.append(x.shape)
-            raise NotImplementedError("several tokens need the tensor-core kernels (NVIDIA sm_80+)")
-
-    monkeypatch.setattr(q, "_prepared", lambda: NoKernel())
-    W = torch.from_numpy(int4jit.dequantize(q.w.numpy(), q.scales.numpy(), q.zeros.numpy())).double()
-    x = torch.randn(2, 20, 256)
-    with caplog.at_level(logging.WARNING, logger="int4jit"):
-        y = q._in_chunks(x, 40)
-    assert y.shape == (2, 20, 64) and tries == [(40, 256)]
-    assert (x.dtype, 40) in q._no_kernel
-    assert any("tensor-core kernels" in r.getMessage() for r in caplog.records)
-    ref = x.double() @ W.t() + lin.bias.detach().to(torch.float16).double()
-    assert torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4)
-
-
 def test_custom_op_is_registered_with_a_fake_implementation():
     """torch.compile traces torch.ops.int4jit.gemv through its fake implementation: the output
     shape [..., N] and dtype of x, on x's device, without running anything."""
@@ -231,11 +206,13 @@ class _PathLayer:
     kernel: each path writes its own value into y, so the output says which ran."""
     device_index = -1
 
-    def __init__(self, N, K, gemm=True, chunks=True):
-        self.N, self.K, self.gemm, self.chunks, self.ran = N, K, gemm, chunks, []
+    def __init__(self, N, K, gemm=True, chunks=True, gemv=True):
+        self.N, self.K, self.gemm, self.chunks, self.gemv, self.ran = N, K, gemm, chunks, gemv, []
 
     def __call__(self, x):
         self.ran.append("gemv")
+        if not self.gemv:
+            raise NotImplementedError("bfloat16 needs the tensor-core kernels")
         return torch.full((*x.shape[:-1], self.N), 1.0, dtype=x.dtype)
 
     def gemm_unsupported(self, dtype):
@@ -291,6 +268,57 @@ def test_op_on_the_gpu_takes_the_eager_path_for_every_token_count(monkeypatch, c
     small.ran.clear()
     i4t._on_the_gpu(small, torch.randn(3, 255, dtype=torch.float16))  # malformed: GemvWeights' checks
     assert small.ran == ["gemv"]
+
+
+@pytest.mark.parametrize("gemm", [True, False])
+def test_eager_gpu_call_takes_the_ops_paths_at_the_modules_limits(monkeypatch, caplog, gemm):
+    """Int4Linear's eager GPU call chooses as the op does (_gpu_path), at the module's own
+    chunked_tokens and gemm_max_tokens; a prompt's path is kept for its shape (the GEMM's and the
+    dequantising one's); a kernel missing for a token count is said once, that count dequantises
+    from then on, and the result is right (a stand-in layer on 'device -1' says which path ran)."""
+    import logging
+    from int4jit import torch as i4t
+    monkeypatch.setattr(i4t, "validate_x", lambda x, K, device: None)
+    q = Int4Linear(torch.zeros(4096, 2048, dtype=torch.uint8), torch.ones(4096, 32, dtype=torch.float16),
+                   torch.zeros(4096, 32, dtype=torch.uint8), bias=torch.full((4096,), 0.5))
+    layer = _PathLayer(4096, 4096, gemm=gemm, chunks=False, gemv=False)
+    monkeypatch.setattr(q, "_prepared", lambda: layer)
+    want = {"gemv": 1.5, "chunks": 3.5, "gemm": 2.5}
+    for tokens, path in ((17, "chunks"), (32, "chunks"), (33, "gemm" if gemm else "dense"), (300, "gemm" if gemm else "dense")):
+        x = torch.randn(1, tokens, 4096, dtype=torch.float16)
+        assert q.path(x) == "cpu"  # a CPU x is the CPU's
+        assert i4t._gpu_path(layer, x.dtype, tokens, q.chunked_tokens, q.gemm_max_tokens) == path
+        layer.ran.clear()
+        with caplog.at_level(logging.WARNING, logger="int4jit"):
+            y = q._on_the_gpu(x)
+        assert y.shape == (1, tokens, 4096) and y.dtype == torch.float16
+        if path == "chunks":  # the kernel is missing: tried once, then dequantised
+            assert layer.ran == ["chunks", "dense"] and (torch.float16, tokens) in q._no_kernel
+        else:
+            assert layer.ran == [path]
+        if path == "gemm":
+            assert torch.all(y == want[path])
+        else:  # dequantised: the sum of x / K, plus the bias
+            torch.testing.assert_close(y.float(), x.float().sum(-1, keepdim=True).expand_as(y) / 4096 + 0.5,
+                                       rtol=1e-2, atol=1e-2)
+    kept = sorted(key[0][0][1] for key in q._prompts)
+    assert kept == [17, 32, 33, 300]  # the GEMM's or the dequantising path (here for the missing chunks' too)
+    warned = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(warned) == 2 and all("4096x4096 falls back to dequantise + matmul: no several-token kernel" in w
+                                    for w in warned)
+    layer.ran.clear()
+    q._on_the_gpu(torch.randn(17, 4096, dtype=torch.float16))  # 17 tokens again: not tried again
+    assert layer.ran == ["dense"]
+    q.gemm_max_tokens, q.chunked_tokens = 0, 16  # the module's own limits
+    assert i4t._gpu_path(layer, torch.float16, 40, q.chunked_tokens, q.gemm_max_tokens) == "dense"
+    layer.ran.clear()
+    y = q._on_the_gpu(torch.randn(3, 4096, dtype=torch.bfloat16))  # one launch's tokens, its kernel missing
+    assert layer.ran == ["gemv", "dense"] and (torch.bfloat16, 3) in q._no_kernel and y.dtype == torch.bfloat16
+    layer.ran.clear()
+    y = q._on_the_gpu(torch.randn(3, 4096, dtype=torch.float32))  # float32: the weight in float16
+    assert layer.ran == ["dense"] and y.dtype == torch.float32
+    assert i4t._gpu_path(layer, torch.float64, 1, 32, 512) == "float"
+    assert i4t._gpu_path(layer, torch.float16, 0, 32, 512) == "dense"  # an empty x
 
 
 def test_compiled_int4linear_is_one_graph_for_any_number_of_tokens():
