@@ -108,11 +108,13 @@ def _layer_for(w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tens
 
 
 @torch.library.custom_op("int4jit::gemv", mutates_args=())
-def gemv_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor]) -> torch.Tensor:
+def gemv_op(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+            chunked: int = -1, gemm_max: int = -1) -> torch.Tensor:
     """y [..., N] = x @ dequant(w)^T for x [..., K] of any number of tokens: on the GPU the path
-    Int4Linear's eager call takes (_on_the_gpu), on the CPU dequantise + matmul. Differentiable in
-    x (the weights are constants)."""
-    return _on_the_gpu(_layer_for(w, scales, zeros), x.contiguous())
+    Int4Linear's eager call takes (_on_the_gpu), with launches of 16 up to `chunked` tokens and the
+    int4 GEMM up to `gemm_max` (-1: the shape's chunked_tokens and gemm_max_tokens), on the CPU
+    dequantise + matmul. Differentiable in x (the weights are constants)."""
+    return _on_the_gpu(_layer_for(w, scales, zeros), x.contiguous(), chunked, gemm_max)
 
 
 # Layers whose several-token kernel is unavailable here (warned once each): the op dequantises.
@@ -156,15 +158,16 @@ def _run(layer: GemvWeights, path: str, x: torch.Tensor, tokens: int) -> torch.T
     return y
 
 
-def _on_the_gpu(layer: GemvWeights, x: torch.Tensor) -> torch.Tensor:
+def _on_the_gpu(layer: GemvWeights, x: torch.Tensor, chunked: int = -1, gemm_max: int = -1) -> torch.Tensor:
     """The op's GPU kernel (x contiguous): the path Int4Linear's eager call takes (_gpu_path) at
-    the limits of the layer's shape (chunked_tokens, gemm_max_tokens), chosen when it runs, so
-    that a compiled model is one graph whatever the prompt's length."""
+    the given limits (-1: the layer's shape's chunked_tokens, gemm_max_tokens), chosen when it
+    runs, so that a compiled model is one graph whatever the prompt's length."""
     N, K = layer.N, layer.K
     if not x.shape or x.shape[-1] != K or x.dtype not in INPUT_DTYPES:
         return layer(x)  # GemvWeights' checks say what is wrong
     tokens = x.numel() // K
-    path = _gpu_path(layer, x.dtype, tokens, chunked_tokens(N, K), gemm_max_tokens(N, K))
+    chunked = chunked_tokens(N, K) if chunked < 0 else chunked
+    path = _gpu_path(layer, x.dtype, tokens, chunked, gemm_max_tokens(N, K) if gemm_max < 0 else gemm_max)
     if path == "chunks" and layer in _no_chunks:
         path = "dense"
     if path in ("gemm", "chunks", "dense"):
@@ -175,19 +178,19 @@ def _on_the_gpu(layer: GemvWeights, x: torch.Tensor) -> torch.Tensor:
         except NotImplementedError as e:
             _no_chunks.add(layer)
             log.warning("int4jit: int4jit::gemv %dx%d dequantises for %d to %d tokens: %s", N, K,
-                        MAX_TOKENS + 1, chunked_tokens(N, K), e)
+                        MAX_TOKENS + 1, chunked, e)
             path = "dense"
     return _run(layer, path, x, tokens)
 
 
 @gemv_op.register_kernel("cpu")
-def _(x, w, scales, zeros):
+def _(x, w, scales, zeros, chunked=-1, gemm_max=-1):
     _check_input_dtype(x, "int4jit::gemv")
     return torch.matmul(x, _unpack_dequantize(w, scales, zeros, x.dtype).t())
 
 
 @gemv_op.register_fake
-def _(x, w, scales, zeros):
+def _(x, w, scales, zeros, chunked=-1, gemm_max=-1):
     _check_input_dtype(x, "int4jit::gemv")
     return x.new_empty((*x.shape[:-1], w.shape[0]))
 
@@ -200,15 +203,14 @@ def _check_input_dtype(x: torch.Tensor, who: str) -> None:
 
 
 def _gemv_setup_context(ctx, inputs, output):
-    _, w, scales, zeros = inputs
-    ctx.weights = (w, scales, zeros)
+    ctx.weights = inputs[1:4]
 
 
 def _gemv_backward(ctx, grad):
     """dL/dx = dL/dy @ W, with W dequantised for the backward (fine-tuning adapters on frozen int4
     weights); no gradient for the int4 weights."""
     W = _unpack_dequantize(*ctx.weights, grad.dtype)
-    return torch.matmul(grad, W), None, None, None
+    return torch.matmul(grad, W), None, None, None, None, None
 
 
 gemv_op.register_autograd(_gemv_backward, setup_context=_gemv_setup_context)
@@ -228,8 +230,8 @@ class Int4Linear(nn.Module):
     torch.matmul; on the CPU the dequantised weight is kept per module (up to
     CPU_DENSE_CACHE_BYTES). Under torch.compile, and on the GPU where x requires grad (grad
     enabled), every call is one node of the custom op, which takes the same paths when it runs,
-    at the limits of the layer's shape (a module's own `chunked_tokens` and `gemm_max_tokens` hold
-    in the other calls only); its backward gives dL/dx (the int4 weights are constants). A
+    at the module's `chunked_tokens` and `gemm_max_tokens` (a compiled graph holds the values it
+    was traced with); its backward gives dL/dx (the int4 weights are constants). A
     conversion of the model's dtype leaves the scales as quantised. The weight buffers are
     GemvWeights' (fixed while in use: a kernel that writes them must not be the one launched right
     before the layer's call on its stream)."""
@@ -353,7 +355,8 @@ class Int4Linear(nn.Module):
             x = x.index_select(-1, self.perm)
         if compiling or (x.is_cuda and x.requires_grad and torch.is_grad_enabled()):
             # one node of the op whatever x is (a graph's; its backward): it picks the path when it runs
-            return self._plus_bias(torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros))
+            return self._plus_bias(torch.ops.int4jit.gemv(x, self.w, self.scales, self.zeros, self.chunked_tokens,
+                                                          self.gemm_max_tokens))
         if not x.is_cuda:
             return self._on_the_cpu(x)
         return self._on_the_gpu(x if x.is_contiguous() else x.contiguous())

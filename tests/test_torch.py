@@ -268,6 +268,11 @@ def test_op_on_the_gpu_takes_the_eager_path_for_every_token_count(monkeypatch, c
     small.ran.clear()
     i4t._on_the_gpu(small, torch.randn(3, 255, dtype=torch.float16))  # malformed: GemvWeights' checks
     assert small.ran == ["gemv"]
+    big.ran.clear()  # limits given (a module's own, passed by Int4Linear under torch.compile)
+    i4t._on_the_gpu(big, torch.randn(20, 4096, dtype=torch.float16), 16, 0)
+    i4t._on_the_gpu(big, torch.randn(40, 4096, dtype=torch.float16), 48, 0)
+    i4t._on_the_gpu(big, torch.randn(40, 4096, dtype=torch.float16), 48, -1)
+    assert big.ran == ["dense", "chunks", "gemm" if gemm else "chunks"]
 
 
 @pytest.mark.parametrize("gemm", [True, False])
@@ -332,6 +337,12 @@ def test_compiled_int4linear_is_one_graph_for_any_number_of_tokens():
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(2, tokens, 256).to(dtype)
             torch.testing.assert_close(compiled(x), q(x), rtol=1e-2, atol=1e-2)
+    graphs = []  # the module's own limits are the node's arguments
+    q.chunked_tokens, q.gemm_max_tokens = 16, 0
+    torch.compile(q, fullgraph=True, backend=lambda gm, inputs: graphs.append(gm) or gm.forward,
+                  dynamic=False)(torch.randn(20, 256))
+    nodes = [n for n in graphs[0].graph.nodes if n.target in (torch.ops.int4jit.gemv, torch.ops.int4jit.gemv.default)]
+    assert len(nodes) == 1 and tuple(nodes[0].args[4:]) == (16, 0)
 
 
 def test_act_order_layer_permutes_x_on_the_cpu():
