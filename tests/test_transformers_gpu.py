@@ -165,7 +165,10 @@ def test_torch_compile_fullgraph_prefill(dtype):
             want = model(ids, use_cache=False).logits.float()
             got = compiled(ids, use_cache=False).logits.float()
             rel = (got - want).norm() / want.norm()
-            assert rel <= 2e-3, f"{dtype}, {tokens} tokens: relative error {rel:.2e} against eager"
+            # inductor rounds the model's other ops (norms, rotary, attention) its own way: the dense
+            # bf16 model compiled differs from eager by 7.3e-3 to 8.6e-3 here (H100, 9 to 600 tokens)
+            bound = 2e-2 if dtype == torch.bfloat16 else 2e-3
+            assert rel <= bound, f"{dtype}, {tokens} tokens: relative error {rel:.2e} against eager"
         layer = Int4Linear.from_linear(torch.nn.Linear(4096, 4096, bias=False), group_size=128).to("cuda")
         W = _unpack_dequantize(layer.w, layer.scales, layer.zeros, torch.float64)
         one = torch.compile(layer, fullgraph=True, dynamic=False)
