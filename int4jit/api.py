@@ -417,7 +417,7 @@ class GemvWeights:
         return self.write_dense(out)
 
     def write_dense(self, out):
-        """dense for an `out` the caller has checked (Int4Linear's prefill, made every call)."""
+        """dense's launch, for an `out` already checked."""
         launch = self._dense_launch.get(out.dtype)
         if launch is None:
             launch = self._dense_launch[out.dtype] = load(self.device, make_dequant_spec(
