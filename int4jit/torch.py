@@ -408,8 +408,9 @@ class Int4Linear(nn.Module):
         if self._warned:
             return
         self._warned = True
-        why = ("several tokens (prefill)" if tokens > 1 else f"{x.dtype} activations") if x.is_cuda else "the CPU"
-        (trace if x.is_cuda and tokens > 1 else log.warning)(
+        prefill = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)  # the designed path: traced only
+        why = "several tokens (prefill)" if prefill else f"{x.dtype} activations" if x.is_cuda else "the CPU"
+        (trace if prefill else log.warning)(
             "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
             self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
 
