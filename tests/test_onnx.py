@@ -242,35 +242,32 @@ def test_prepacked_node_with_unsupported_shape_is_refused_never_misread(tmp_path
     assert list(loaded) == [] and "weight_prepacked=1" in loaded.skipped["proj"]
 
 
+def _refused(tmp_path, name: str, match: str, attrs=None, scales=None, bias=None):
+    """A one-node model (K=64, N=16, blocks of 32) with what a test spoils: onnx.load names the node."""
+    K, N, block = 64, 16, 32
+    q, z, s = _layer(np.random.default_rng(), K, N, block)
+    inputs = {1: _packed(q, block), 2: s if scales is None else scales(s)}
+    if bias is not None:
+        inputs[5] = bias
+    attrs = dict(K=K, N=N, bits=4, block_size=block) if attrs is None else attrs(dict(K=K, N=N, bits=4, block_size=block))
+    path = build_model(tmp_path / "m.onnx", inputs, attrs, name=name, K=K, N=N)
+    with pytest.raises(ValueError, match=match):
+        int4jit.onnx.load(path)
+
+
 @pytest.mark.parametrize("missing", ["K", "N", "block_size"])
 def test_missing_attribute_names_the_node_and_the_attribute(tmp_path, missing):
-    rng = np.random.default_rng()
-    K, N, block = 64, 16, 32
-    q, z, s = _layer(rng, K, N, block)
-    attrs = {k: v for k, v in dict(K=K, N=N, bits=4, block_size=block).items() if k != missing}
-    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s}, attrs,
-                       name="layers.3.mlp", K=K, N=N)
-    with pytest.raises(ValueError, match=rf"layers\.3\.mlp: MatMulNBits attribute '{missing}' is missing"):
-        int4jit.onnx.load(path)
+    _refused(tmp_path, "layers.3.mlp", rf"layers\.3\.mlp: MatMulNBits attribute '{missing}' is missing",
+             attrs=lambda a: {k: v for k, v in a.items() if k != missing})
 
 
 def test_scales_outside_fp16_name_the_node_and_tensor(tmp_path):
-    rng = np.random.default_rng()
-    K, N, block = 64, 16, 32
-    q, z, s = _layer(rng, K, N, block)
-    s[5, 1] = 1e6
-    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s},
-                       dict(K=K, N=N, bits=4, block_size=block), name="layers.7.o_proj", K=K, N=N)
-    with pytest.raises(ValueError, match=r"layers\.7\.o_proj \(tensor 't2'.*overflow float16.*\(5, 1\)"):
-        int4jit.onnx.load(path)
+    def overflowing(s):
+        s[5, 1] = 1e6
+        return s
+    _refused(tmp_path, "layers.7.o_proj", r"layers\.7\.o_proj \(tensor 't2'.*overflow float16.*\(5, 1\)",
+             scales=overflowing)
 
 
 def test_bias_of_the_wrong_shape_is_an_error(tmp_path):
-    rng = np.random.default_rng()
-    K, N, block = 64, 16, 32
-    q, z, s = _layer(rng, K, N, block)
-    path = build_model(tmp_path / "m.onnx", {1: _packed(q, block), 2: s,
-                                             5: np.zeros(N + 1, np.float32)},
-                       dict(K=K, N=N, bits=4, block_size=block), name="p", K=K, N=N)
-    with pytest.raises(ValueError, match=r"p: bias 't5' must be float \[N=16\]"):
-        int4jit.onnx.load(path)
+    _refused(tmp_path, "p", r"p: bias 't5' must be float \[N=16\]", bias=np.zeros(17, np.float32))
