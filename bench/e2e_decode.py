@@ -18,7 +18,9 @@ are served by each system, one after the other in one process:
   gemlite         the fp16 model with every nn.Linear replaced by a gemlite A16W4 layer
 
 Per system: decode tok/s, eager (a plain loop: forward one token with the KV cache, 64
-tokens, best of 3) and with torch.compile(mode="reduce-overhead") on a static cache (a
+tokens, best of 3; then, the systems interleaved, that again in --interleave rounds, and the
+median of the rounds reported: the loop is bound by the host, whose speed drifts over minutes)
+and with torch.compile(mode="reduce-overhead") on a static cache (a
 one-token step compiled into CUDA graphs, 64 tokens, best of 3 after a compiling run) where it works; prefill ms (one
 forward of 512 tokens, median of 15), eager and under torch.compile (the model compiled as it is, default mode,
 static shapes); the last logits of an 8-token prompt against the fp16
@@ -39,6 +41,7 @@ import argparse
 import copy
 import datetime
 import json
+import statistics
 import sys
 import time
 import traceback
@@ -269,7 +272,9 @@ def probe_tinygemm_fp16(torch) -> str:
     return json.dumps(out)
 
 
-def run_system(torch, name, base, cfg_kw, args, ref_logits, prompt) -> dict:
+def run_system(torch, name, base, cfg_kw, args, ref_logits, prompt, keep: dict) -> dict:
+    """System `name`'s figures; its model is left in `keep` for the interleaved eager rounds
+    (where args.interleave > 1), else let go."""
     res = {}
     t0 = time.perf_counter()
     model, notes = make_system(torch, name, base)
@@ -314,10 +319,31 @@ def run_system(torch, name, base, cfg_kw, args, ref_logits, prompt) -> dict:
             torch._dynamo.reset()
         except Exception:  # noqa: BLE001
             pass
-    if model is not base:
-        del model
+    if args.interleave > 1:
+        keep[name] = model
+    del model
     torch.cuda.empty_cache()
     return res
+
+
+def interleaved_eager(torch, kept: dict, vocab, args, doc) -> None:
+    """The eager decode of every kept system again, in args.interleave rounds of one system after
+    another (each a best of args.runs); the median of the rounds replaces the first figure, which
+    was measured minutes apart from the other systems'."""
+    rounds = {name: [] for name in kept}
+    for r in range(args.interleave):
+        for name, model in kept.items():
+            try:
+                rounds[name].append(decode_eager(torch, model, vocab, args.tokens, args.runs))
+            except Exception as e:  # noqa: BLE001
+                doc["systems"][name]["decode_eager_rounds_error"] = f"{type(e).__name__}: {e}"[:400]
+        print(f"  round {r + 1}: " + ", ".join(f"{n} {v[-1]:.0f}" for n, v in rounds.items() if v), flush=True)
+    for name, tok_s in rounds.items():
+        if tok_s:
+            res = doc["systems"][name]
+            res["decode_eager_first_tok_s"] = res.get("decode_eager_tok_s")
+            res["decode_eager_rounds"] = tok_s
+            res["decode_eager_tok_s"] = statistics.median(tok_s)
 
 
 def run_in_process(torch, systems, cfg_kw, args, doc, save) -> None:
@@ -326,15 +352,20 @@ def run_in_process(torch, systems, cfg_kw, args, doc, save) -> None:
     base = build_base(torch, cfg_kw)
     prompt = torch.randint(0, cfg_kw["vocab_size"], (1, 8), device="cuda")
     ref_logits = last_logits(torch, base, prompt)
+    kept: dict = {}
     for name in systems:
         print(f"{name} ...", flush=True)
         try:
-            doc["systems"][name] = run_system(torch, name, base, cfg_kw, args, ref_logits, prompt)
+            doc["systems"][name] = run_system(torch, name, base, cfg_kw, args, ref_logits, prompt, kept)
         except Exception as e:  # a system that cannot be built is recorded, the others still run  # noqa: BLE001
             doc["systems"][name] = dict(error=f"{type(e).__name__}: {e}"[:500])
             print(f"  {name} failed: {doc['systems'][name]['error']}", flush=True)
             traceback.print_exc(limit=4)
             torch.cuda.empty_cache()
+        save()
+    if kept:
+        print(f"eager decode, {args.interleave} rounds of the systems one after another ...", flush=True)
+        interleaved_eager(torch, kept, cfg_kw["vocab_size"], args, doc)
         save()
 
 
@@ -344,7 +375,7 @@ def run_isolated(args, name) -> dict:
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, __file__, "--systems", name, "--out", tmp, "--results-md", "", "--config", args.config,
-                "--tokens", str(args.tokens), "--prefill", str(args.prefill), "--runs", str(args.runs)]
+                "--tokens", str(args.tokens), "--prefill", str(args.prefill), "--runs", str(args.runs), "--interleave", "1"]
         argv += (["--layers", str(args.layers)] if args.layers else []) + (["--no-compile"] if args.no_compile else [])
         argv += ["--quick"] if args.quick else []
         code = subprocess.run(argv).returncode
@@ -359,7 +390,9 @@ def markdown(doc) -> str:
     lines = [f"{doc['device']}, {doc['date']}, transformers {doc['transformers']}, torch {doc['torch']}: "
              f"LlamaForCausalLM from a config (hidden {c['hidden_size']}, intermediate {c['intermediate_size']}, "
              f"{c['num_hidden_layers']} layers, vocabulary {c['vocab_size']}, random weights); decode {doc['tokens']} "
-             f"tokens best of {doc['runs']}, prefill {doc['prefill']} tokens median of {5 * doc['runs']}"
+             f"tokens best of {doc['runs']}"
+             f"{', eager the median of %d interleaved rounds' % doc['interleave'] if doc.get('interleave', 1) > 1 else ''}"
+             f", prefill {doc['prefill']} tokens median of {5 * doc['runs']}"
              f"{', each system in its own process' if doc.get('isolated') else ''} "
              f"(`{doc.get('command', 'python3 bench/e2e_decode.py' + (' --quick' if doc['quick'] else ''))}`)", "",
              "| system | decode tok/s (eager) | decode tok/s (torch.compile reduce-overhead) | prefill ms | "
@@ -394,6 +427,10 @@ def main():
     ap.add_argument("--prefill", type=int, help="prefill tokens (default 512; 32 with --quick)")
     ap.add_argument("--runs", type=int, help="best of (default 3; 2 with --quick)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile decode")
+    ap.add_argument("--interleave", type=int, default=3,
+                    help="rounds of eager decode with the systems one after another, their median reported "
+                         "(default 3; every system's model is kept to the end for them; 1: each system's own best of --runs "
+                         "only, one model at a time; with --isolate: 1)")
     ap.add_argument("--isolate", action="store_true",
                     help="measure each system in a fresh process of this script (its own model build, allocator "
                          "and GPU state; the systems' order then cannot move their figures)")
@@ -408,6 +445,8 @@ def main():
     args.tokens = args.tokens or (8 if args.quick else 64)
     args.prefill = args.prefill or (32 if args.quick else 512)
     args.runs = args.runs or (2 if args.quick else 3)
+    if args.isolate:
+        args.interleave = 1  # each system in its own process: nothing to interleave
     md = Path(args.results_md) if args.results_md else (None if args.quick or args.results_md == "" else RESULTS_MD)
     cfg_kw = dict(CONFIGS["tiny" if args.quick else args.config])
     if args.layers:
@@ -425,7 +464,7 @@ def main():
     section = SECTION + (f" ({args.layers} layers)" if args.layers else "")
     json_path = Path(args.out) / f"e2e_decode{tag}-{date}.json"
     doc = dict(device=torch.cuda.get_device_name(), date=date, quick=args.quick, config=cfg_kw, tokens=args.tokens,
-               prefill=args.prefill, runs=args.runs, group=GROUP, torch=torch.__version__,
+               prefill=args.prefill, runs=args.runs, interleave=args.interleave, group=GROUP, torch=torch.__version__,
                transformers=transformers.__version__, int4jit=int4jit.__version__,
                command=" ".join(["python3 bench/e2e_decode.py", *sys.argv[1:]]), systems={})
     try:
