@@ -550,6 +550,8 @@ def test_gradients_flow_to_x_through_every_path():
     W = torch.from_numpy(int4jit.dequantize(q.w.numpy(), q.scales.numpy(), q.zeros.numpy()))
     for zeros in (q.zeros, None):
         torch.library.opcheck(torch.ops.int4jit.gemv.default, (torch.randn(3, 256, requires_grad=True), q.w, q.scales, zeros))
+    torch.library.opcheck(torch.ops.int4jit.gemv.default,  # with a module's own limits
+                          (torch.randn(20, 256, requires_grad=True), q.w, q.scales, q.zeros, 16, 0))
     x = torch.randn(3, 256, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: torch.ops.int4jit.gemv(t, q.w, q.scales, q.zeros), (x,))
     x = torch.randn(2, 256, requires_grad=True)
