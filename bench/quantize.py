@@ -59,17 +59,9 @@ def on_the_gpu(torch, W: np.ndarray, group: int, want) -> dict:
 
 def quantize_model_s(torch, layers: int, group: int) -> dict:
     """Seconds for int4jit.torch.quantize_model of a Llama with Llama-3-8B shapes on the GPU."""
-    from transformers import LlamaConfig, LlamaForCausalLM
     import int4jit.torch as i4t
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False)
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float16)
-    try:
-        with torch.device("cuda"):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(prev)
+    from e2e_decode import CONFIGS, build_base
+    model = build_base(torch, dict(CONFIGS["8b"], num_hidden_layers=layers))
     params = sum(p.numel() for p in model.parameters())
     torch.cuda.synchronize()
     t0 = time.perf_counter()
