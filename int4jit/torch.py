@@ -10,7 +10,9 @@ capture the launches. Where x on the GPU requires grad, calls go through the op 
 tokens (up to chunked_tokens: 32 to 64 by the weights' size) launch the kernel once per 16; on
 Hopper a prompt of GEMM_MIN_TOKENS (33) to GEMM_MAX_TOKENS runs the int4 GEMM instead, on layers
 of 6 MB of int4 weights or more. Anything else (longer prefill, the CPU, a call no kernel serves
-on the target) dequantises and uses torch.matmul, with a warning naming why.
+on the target) dequantises and uses torch.matmul, with a warning naming why. One function
+chooses among these paths for eager and compiled calls alike (_gpu_path); Int4Linear.path(x)
+names the one a call takes.
 quantize_model also fuses the layers a model calls on the same x (q/k/v, gate/up) into one
 Int4Linear each, for eager calls (fuse_shared_inputs): one launch and one call's host time for all.
 load_quantized swaps them in from a checkpoint instead: GPTQ, AWQ, or a quantized model's state_dict.
