@@ -367,9 +367,10 @@ class Int4Linear(nn.Module):
         """The way an eager call on x goes: "cpu", or on the GPU one of _gpu_path's (with this
         module's chunked_tokens and gemm_max_tokens; a token count no kernel serves here, once
         seen, "dense")."""
-        return self._gpu_path(self._prepared(), x, x.numel() // self.in_features) if x.is_cuda else "cpu"
+        return self._path_on_its_gpu(self._prepared(), x, x.numel() // self.in_features) if x.is_cuda else "cpu"
 
-    def _gpu_path(self, layer: GemvWeights, x: torch.Tensor, tokens: int) -> str:
+    def _path_on_its_gpu(self, layer: GemvWeights, x: torch.Tensor, tokens: int) -> str:
+        """path(x) for an x on the layer's GPU (_on_the_gpu's; its tests' x is on the CPU)."""
         path = _gpu_path(layer, x.dtype, tokens, self.chunked_tokens, self.gemm_max_tokens)
         return "dense" if path in ("gemv", "chunks") and (x.dtype, tokens) in self._no_kernel else path
 
@@ -377,7 +378,7 @@ class Int4Linear(nn.Module):
         """A GPU call (x contiguous) by its path; a prompt's path is kept for the next x of its
         shape (_remember). A kernel the target lacks is said once, then that token count dequantises."""
         layer, tokens = self._prepared(), x.numel() // self.in_features
-        path = self._gpu_path(layer, x, tokens)
+        path = self._path_on_its_gpu(layer, x, tokens)
         if path in ("gemm", "chunks", "dense"):
             _check_prompt(layer, x, tokens)
         if path in ("gemv", "chunks"):
