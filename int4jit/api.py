@@ -414,10 +414,6 @@ class GemvWeights:
                 or not out.is_cuda or out.device.index != self.device_index:
             raise ValueError(f"out must be a contiguous float16 or bfloat16 tensor of shape ({self.N}, {self.K}) "
                              f"on GPU {self.device_index}; got {out.dtype} {tuple(out.shape)} on {out.device}")
-        return self.write_dense(out)
-
-    def write_dense(self, out):
-        """dense's launch, for an `out` already checked."""
         launch = self._dense_launch.get(out.dtype)
         if launch is None:
             launch = self._dense_launch[out.dtype] = load(self.device, make_dequant_spec(

@@ -490,8 +490,8 @@ def test_int4linear_prefill_matches_reference(tokens, monkeypatch):
     bias = q.bias.double().cpu().numpy()
     layer = q._prepared()
     dense_calls, gemm_calls = [], []
-    real_dense, real_matmul = layer.write_dense, layer.matmul  # write_dense: under dense too
-    monkeypatch.setattr(layer, "write_dense", lambda out: dense_calls.append(out.dtype) or real_dense(out))
+    real_dense, real_matmul = layer.dense, layer.matmul
+    monkeypatch.setattr(layer, "dense", lambda out: dense_calls.append(out.dtype) or real_dense(out))
     monkeypatch.setattr(layer, "matmul", lambda x, out: gemm_calls.append(x.dtype) or real_matmul(x, out))
 
     def check(dtype):
