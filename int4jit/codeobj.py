@@ -253,16 +253,12 @@ _SM_LIMITS = {70: (2048, 32, 65536, 96 << 10), 75: (1024, 16, 65536, 64 << 10),
               120: (1536, 32, 65536, 100 << 10)}
 
 
-def cuda_sm_limits(arch: str) -> tuple[int, int, int, int]:
-    """(threads, blocks, 32-bit registers, shared bytes usable by blocks) of one SM of `arch`."""
-    sm = int(re.match(r"^sm_(\d+)", arch).group(1))
-    return _SM_LIMITS.get(sm, _SM_LIMITS[max(k for k in _SM_LIMITS if k <= sm)] if sm >= 70 else _SM_LIMITS[70])
-
-
 def cuda_occupancy(arch: str, block: int, regs: int, smem: int) -> Occupancy:
     """Blocks of `block` threads one SM holds (the CUDA occupancy calculator's rules: registers
     allocated 256 a warp, 1 KB of shared memory reserved per block)."""
-    threads, max_blocks, regfile, smem_sm = cuda_sm_limits(arch)
+    sm = int(re.match(r"^sm_(\d+)", arch).group(1))
+    threads, max_blocks, regfile, smem_sm = _SM_LIMITS.get(sm, _SM_LIMITS[max(k for k in _SM_LIMITS if k <= sm)]
+                                                           if sm >= 70 else _SM_LIMITS[70])
     warps = -(-block // 32)
     regs_per_warp = _round_up(regs * 32, 256)
     blocks = {"threads": threads // (32 * warps), "blocks": max_blocks,

@@ -15,7 +15,6 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from .codeobj import cuda_occupancy, cuda_sm_limits
 from .shapes import GemvShape, LaunchConfig
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -59,10 +58,6 @@ class Variant:
                where it measures nothing; an override may name it.
     xahead     several tokens: x of a warp's next step loaded while this one computes (H200, M=8
                g128, tuned: the pick at 16384x2048 bf16, 9.07 -> 8.53 us; not on 11 other tunes)
-    xstage     several tokens: a persistent grid (as many blocks as the GPU holds at once) whose
-               blocks stage x of every token in shared memory once and walk the row blocks, so x
-               crosses from L2 once a block instead of once a row block (x must fit a block's
-               shared memory; no cluster)
     """
     streaming: bool = False
     raw_a: bool = False
@@ -72,7 +67,6 @@ class Variant:
     prefetch: int = 0
     early: bool = False
     xahead: bool = False
-    xstage: bool = False
 
     def text(self, base: "Variant | None" = None) -> str:
         """Only the fields that differ from `base` (the defaults): 'streaming=1,kcluster=2'."""
@@ -86,7 +80,7 @@ class Variant:
 
 VARIANT_RANGES = {"streaming": (0, 1), "raw_a": (0, 1), "kcluster": (1, 2, 4), "one_wave": (0, 1),
                   "loads": (4, 8), "prefetch": (0, 1, 2), "early": (0, 1),
-                  "xahead": (0, 1), "xstage": (0, 1)}
+                  "xahead": (0, 1)}
 SIMT_VARIANT = Variant(prefetch=0)
 
 
@@ -265,9 +259,8 @@ def variant_space(shape: GemvShape, kernel: str, config: LaunchConfig, arch: str
     add(replace(base, loads=8))
     add(replace(base, prefetch=0 if base.prefetch else 1))
     add(replace(base, xahead=not base.xahead))
-    if shape.M > 1:  # several tokens: the cluster K split (stage 1 measures kcluster=2 twins), x staged once
+    if shape.M > 1:  # several tokens: the cluster K split (stage 1 measures kcluster=2 twins)
         add(replace(base, kcluster=1 if base.kcluster > 1 else 2))
-        add(replace(base, xstage=not base.xstage, kcluster=1))
     if exhaustive:
         add(replace(base, prefetch=2))
         if arch_number(arch) >= 90:
@@ -285,8 +278,7 @@ def arch_number(arch: str) -> int:
 def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Variant, pdl: bool = True) -> Variant:
     """The variant as it will be built: fields that cannot apply are reset (raw_a needs
     streaming and one token; kcluster needs sm_90 and K of two steps or more;
-    prefetch and early need PDL on sm_90; early streams; xahead needs several tokens; xstage needs
-    several tokens, no cluster and x within a block's shared memory)."""
+    prefetch and early need PDL on sm_90; early streams; xahead needs several tokens)."""
     if v.raw_a and (not v.streaming or shape.M > 1):
         v = replace(v, raw_a=False)
     if v.kcluster > 1 and (arch_number(arch) < 90 or _ceil(shape.K, 128) < v.kcluster):
@@ -299,16 +291,7 @@ def normalise_variant(shape: GemvShape, config: LaunchConfig, arch: str, v: Vari
         v = replace(v, streaming=True)
     if v.xahead and shape.M == 1:
         v = replace(v, xahead=False)
-    if v.xstage and (shape.M == 1 or v.kcluster > 1 or not arch.startswith("sm_")
-                     or xstage_bytes(shape) + STATIC_SMEM_LIMIT > cuda_sm_limits(arch)[3] - 1024):
-        v = replace(v, xstage=False)
     return v
-
-
-def xstage_bytes(shape: GemvShape) -> int:
-    """The dynamic shared memory of an xstage build: x of every token (a block holds it beside at
-    most STATIC_SMEM_LIMIT of K-split sums)."""
-    return 2 * shape.M * shape.K
 
 
 # -- geometry -------------------------------------------------------------------------------
@@ -361,27 +344,20 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
     # x (one token) in shared memory where it fits the static limit beside the K-split partial sums.
     xsmem = v.streaming and shape.M == 1 and 2 * shape.K + 4 * (ksplit + (kc if kc > 1 else 0)) * rows_per_block <= STATIC_SMEM_LIMIT
     grid = kc * _ceil(shape.N, rows_per_block)
-    regs = min(40 + 4 * cfg.TN * unroll + 7 * tw * (2 if shape.M > 1 else 1) + 16 * v.xahead, 65536 // cfg.BS)
-    smem = 0
-    if v.xstage:  # persistent: as many blocks as the GPU holds at once, each with x in shared memory
-        smem = xstage_bytes(shape)
-        sums = 4 * ksplit * shape.M * rows_per_block
-        grid = min(grid, sm_count * max(1, cuda_occupancy(arch, 32 * ksplit, regs, smem + sums).blocks_per_cu))
     min_blocks = _ceil(grid, sm_count) if v.one_wave and _ceil(grid, sm_count) <= 32 else 0
     params = (("M", shape.M), *_dtype_params(shape),
               ("KSPLIT", ksplit), ("TW", tw), ("UNROLL", unroll), ("CONTIG", _cpp(shape.group < 128)),
               ("STREAMING", _cpp(v.streaming)), ("XSMEM", _cpp(xsmem)), ("RAW_A", _cpp(v.raw_a)),
               ("KCLUSTER", kc), ("PREFETCH", v.prefetch), ("EARLY", _cpp(v.early)), ("XAHEAD", _cpp(v.xahead)),
-              ("XSTAGE", _cpp(v.xstage)),
               ("KERNEL_ATTRS", (f"__cluster_dims__({kc}, 1, 1) " if kc > 1 else "")
                + (f"__launch_bounds__({cfg.BS}, {min_blocks})" if min_blocks else f"__launch_bounds__({cfg.BS})")))
     return KernelSpec(
         shape, arch, "tc", cfg, v, params, grid, 32 * ksplit, pdl,
         rows_per_block=rows_per_block, k_efficiency=(shape.K // 32) / (4 * ksplit * kc * per_warp),
         inflight_bytes=cfg.TN * unroll * 16, thread_bytes=cfg.TN * per_warp * 16,
-        # regs: fitted to NVRTC's sm_90 builds of the grid (rms 13 registers, was 19);
-        # __launch_bounds__(BS) caps a thread at 65536 / BS.
-        regs=regs, smem=smem)
+        # Fitted to NVRTC's sm_90 builds of the grid (rms 13 registers, was 19); __launch_bounds__(BS)
+        # caps a thread at 65536 / BS.
+        regs=min(40 + 4 * cfg.TN * unroll + 7 * tw * (2 if shape.M > 1 else 1) + 16 * v.xahead, 65536 // cfg.BS))
 
 
 def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool, loads: int = 4) -> KernelSpec:

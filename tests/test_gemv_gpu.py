@@ -172,8 +172,7 @@ def test_mismatched_device_mix_rejected_before_launch():
 
 VARIANTS = ["", "streaming=1", "streaming=1,raw_a=1", "kcluster=2", "one_wave=1", "loads=8", "prefetch=0",
             "prefetch=2", "streaming=1,kcluster=2,loads=8", "early=1", "early=1,raw_a=1,loads=8", "early=1,kcluster=2",
-            "xahead=1", "streaming=1,xahead=1", "early=1,xahead=1,loads=8", "xstage=1",
-            "streaming=1,xstage=1,xahead=1", "early=1,xstage=1,prefetch=1,loads=8"]
+            "xahead=1", "streaming=1,xahead=1", "early=1,xahead=1,loads=8"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

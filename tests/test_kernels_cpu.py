@@ -5,9 +5,8 @@ of which a GPU of this project runs, and thread block clusters. Outputs are pois
 each launch; and the prefill GEMM's x layout kernel against its definition, and the GEMM
 (wgmma, mbarriers and bulk copies emulated) on its output. The vendor preludes and timing are
 the GPU tests' (tests/test_gemv_gpu.py)."""
-import dataclasses
-import os
 from concurrent.futures import ThreadPoolExecutor
+import os
 
 import numpy as np
 import pytest
@@ -36,11 +35,9 @@ def bf16_values(bits) -> np.ndarray:
 
 
 def case(arch, kernel, N, K, group, symmetric=False, M=1, cfg=(128, 4), variant=None, dtype="float16",
-         scale_dtype=None, grid=None):
-    """grid: fewer blocks than the planner's (an xstage build's blocks then walk several row blocks)."""
+         scale_dtype=None):
     shape = GemvShape(N, K, group, symmetric, M, dtype, scale_dtype or dtype)
-    spec = make_spec(shape, arch, kernel, LaunchConfig(*cfg), variant)
-    return spec if grid is None else dataclasses.replace(spec, grid=grid)
+    return make_spec(shape, arch, kernel, LaunchConfig(*cfg), variant)
 
 
 def problem(spec, seed):
@@ -102,14 +99,6 @@ TC = [
     case("sm_90", "tc", 100, 1024, 32, True, M=8, cfg=(64, 8), variant=Variant(kcluster=2), dtype="bfloat16"),
     case("sm_90", "tc", 70, 4096, 128, M=8, cfg=(256, 2), variant=Variant(streaming=True, kcluster=4, xahead=True)),
     case("sm_90", "tc", 70, 1024, 128, M=4, cfg=(32, 4), variant=Variant(kcluster=2)),   # one warp a block
-    # x staged once a block, persistent: few blocks, each walking several row blocks (a ragged last one)
-    case("sm_90", "tc", 300, 2048, 128, M=8, cfg=(128, 4), variant=Variant(streaming=True, xstage=True), grid=3),
-    case("sm_90", "tc", 250, 160, 32, True, M=3, cfg=(64, 2), variant=Variant(xstage=True, xahead=True), grid=5,
-         dtype="bfloat16"),
-    case("sm_80", "tc", 200, 1024, 16, M=5, cfg=(256, 8), variant=Variant(xstage=True, loads=8), grid=2,
-         scale_dtype="bfloat16"),
-    case("sm_90", "tc", 300, 2048, 128, M=8, cfg=(128, 4),
-         variant=Variant(streaming=True, xstage=True, early=True, prefetch=1), grid=4),
 ]
 
 TC_BATCH = [

@@ -300,27 +300,6 @@ def test_xahead_is_several_tokens_and_searched_only_there(M):
     assert searched == ({False} if M == 1 else {False, True})
 
 
-@pytest.mark.parametrize("M", [1, 2, 8])
-def test_xstage_is_several_tokens_and_a_persistent_grid(M):
-    """x staged once a block serves several tokens: the grid is at most what the SMs hold at once
-    (each block walks the rest), the dynamic shared memory holds x of every token, and the search
-    flips it for several tokens only. It normalises away for one token, with a cluster, and where
-    x outgrows a block's shared memory."""
-    shape = GemvShape(35840, 5120, 128, False, M)
-    s = make_spec(shape, "sm_90", "tc", CFG, Variant(streaming=True, xstage=True), sm_count=132)
-    plain = make_spec(shape, "sm_90", "tc", CFG, Variant(streaming=True), sm_count=132)
-    if M == 1:
-        assert s.key() == plain.key() and not s.variant.xstage and s.smem == 0
-    else:
-        assert (s.param("XSTAGE"), s.smem) == ("true", 2 * M * 5120)
-        assert s.grid < plain.grid and s.grid % 132 == 0
-    searched = {v.xstage for v in variant_space(shape, "tc", CFG, "sm_90", False)}
-    assert searched == ({False} if M == 1 else {False, True})
-    assert not make_spec(shape, "sm_90", "tc", CFG, Variant(xstage=True, kcluster=2)).variant.xstage
-    assert not make_spec(GemvShape(4096, 14336, 128, False, 8), "sm_90", "tc", CFG, Variant(xstage=True)).variant.xstage
-    assert make_spec(GemvShape(4096, 14336, 128, False, 2), "sm_90", "tc", CFG, Variant(xstage=True)).variant.xstage
-
-
 def test_several_tokens_fit_their_sums_in_shared_memory():
     """KSPLIT x M x rows fp32 sums within the static limit: fewer warps split K at 8 tokens, TN=16."""
     s = make_spec(GemvShape(4096, 4096, 128, False, 8), "sm_90", "tc", LaunchConfig(512, 16))

@@ -34,10 +34,6 @@
 // XPERM: x is staged in shared memory already paired as the mma's B wants it (no PRMT per step).
 // XAHEAD (the variant field `xahead`, several tokens): a warp's next step's x is loaded into
 // registers while this step computes, instead of at the top of the step that uses it.
-// XSTAGE (the variant field `xstage`, several tokens): the grid is persistent. A block stages x of
-// every token in (dynamic) shared memory once, paired as B wants it, then walks row blocks
-// gridDim.x apart, so x crosses from L2 once a block instead of once a row block (at TW = 2 and
-// 8 tokens that was as many bytes as the weights).
 // WIDE_SCALES: on the diagonal, a lane folds two adjacent chunks of a row; with whole steps their
 // scales are adjacent (and aligned) in the row, so they come in one load (docs/performance.md).
 //
@@ -62,8 +58,7 @@ constexpr bool CONTIG = ${CONTIG};       // a warp takes a contiguous range of s
 constexpr bool STREAMING = ${STREAMING}; // reload each load slot as soon as it is used; 256-byte L2 fetches
 constexpr bool XSMEM = ${XSMEM};         // x staged in shared memory once per block (else read per step)
 constexpr bool RAW_A = ${RAW_A};         // A = 1024 + q / 64 + q; the offsets come off after the mma
-constexpr bool XSTAGE = ${XSTAGE};       // several tokens: x staged once a block; the grid walks row blocks
-constexpr bool XPERM = XSMEM || XSTAGE;  // staged x is already paired for B
+constexpr bool XPERM = XSMEM;            // staged x is already paired for B
 constexpr bool XWARP = XSMEM && !RAW_A;  // each warp stages its own steps' x, before its weights
 constexpr int PREFETCH = ${PREFETCH};    // batches of weights asked into L2 before the grid-dependency wait
 constexpr bool EARLY = ${EARLY};         // first weights loaded before the wait; dependents launched at start
@@ -102,9 +97,6 @@ static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
 static_assert(!RAW_A || M == 1, "raw_a is one token's");
 static_assert(!XAHEAD || M > 1, "xahead is several tokens' (one token reads x from shared memory or per step)");
 static_assert(!XSMEM || M == 1, "x staging is one token's");
-static_assert(!XSTAGE || (M > 1 && KC == 1), "the persistent x stage is several tokens', without a cluster");
-constexpr int XROW = K / 8;                        // XSTAGE: 16-byte words of one token's staged x
-constexpr long long ROW_BLOCKS = (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
 
 // A scale as fp32, and fp32 as the output type.
 __device__ __forceinline__ float scale_f(u16 s) { return SCALE_BF16 ? bf16_to_f(s) : h_to_f(s); }
@@ -225,24 +217,9 @@ __device__ __forceinline__ u32x4 tc_pair_x(u32x4 v) {
     return u32x4{prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632), prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632)};
 }
 
-// XSTAGE: where word i of token m's staged x lies in its row. A quarter warp's 16-byte reads
-// (tokens g, g + 1; chunks t = 0..3 of a step) would meet in two banks four at a time; the swizzle
-// (bits 0-1 by chunk bit 1 and the token's parity) spreads them over all eight.
-__device__ __forceinline__ int tc_xstage_at(int m, int i) { return m * XROW + (i ^ ((((i >> 3) & 1) << 1) | (m & 1))); }
-
-// XSTAGE: x of every token into the block's shared memory, paired (read after a block barrier).
-__device__ __forceinline__ void tc_stage_x(const u16* I4_RESTRICT x, u32x4* xs) {
-    for (int i = threadIdx.x; i < M * XROW; i += BS) xs[tc_xstage_at(i / XROW, i % XROW)] = tc_pair_x(load_x16<false>(x + 8 * i));
-}
-
 // x of this lane's chunk c of a step (token g's with several tokens; lanes past the last token
 // read it again, and their D columns are never stored), as loaded: four 16-byte words.
 __device__ __forceinline__ void tc_x_load(u32x4 (&v)[4], const u16* I4_RESTRICT x, const u32x4* xs, int c, int g) {
-    if constexpr (XSTAGE) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = xs[tc_xstage_at(min(g, M - 1), 4 * min(c, CHUNKS - 1) + j)];
-        return;
-    }
     if constexpr (M > 1) x += (long long)min(g, M - 1) * K;
 #pragma unroll
     for (int j = 0; j < 4; ++j) v[j] = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_x16<false>(x + 32 * min(c, CHUNKS - 1) + 8 * j);
@@ -445,7 +422,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_R
         // while it is in flight.
         if constexpr (STREAMING) load_batch(s_begin);
         if constexpr (EARLY) I4_GRID_WAIT();  // x (read below or per step) after the first weights
-        if constexpr (XSMEM) {
+        if constexpr (XPERM) {
             for (int i = threadIdx.x; i < K / 8; i += BS) xs[i] = tc_pair_x(load_x16<false>(x + 8 * i));
             __syncthreads();
         }
@@ -600,36 +577,10 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     float (*cluster_part)[BLOCK_SUMS] = KC > 1 ? (float (*)[BLOCK_SUMS])cluster_sums : nullptr;
     if constexpr (KC > 1) cluster_arrive_relaxed();  // this block has started (tc_store waits for all)
     float acc[TW][2][MT];
-    auto zero_acc = [&] {
 #pragma unroll
-        for (int tw = 0; tw < TW; ++tw)
+    for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
-            for (int e = 0; e < MT; ++e) acc[tw][0][e] = acc[tw][1][e] = 0.0f;
-    };
-    if constexpr (XSTAGE) {
-        // Persistent: x once (the previous kernel's output, after the wait), then row blocks
-        // blockIdx.x, + gridDim.x, ... The next kernel may launch once a block's last row block's
-        // loads are done (EARLY: at the start).
-        DYNAMIC_SMEM(xstage_raw);
-        u32x4* const xst = (u32x4*)xstage_raw;
-        if constexpr (EARLY) I4_GRID_LAUNCH_DEPENDENTS();
-        if constexpr (PREFETCH > 0) tc_prefetch(w, row0, ks, g, t);
-        I4_GRID_WAIT();
-        tc_stage_x(x, xst);
-        __syncthreads();
-        for (long long rb = blockIdx.x; rb < ROW_BLOCKS; rb += gridDim.x) {
-            zero_acc();
-            if (N % ROWS_PER_BLOCK != 0 && rb == ROW_BLOCKS - 1)
-                tc_rows<true>(acc, x, w, scales, zeros, rb * ROWS_PER_BLOCK, ks, g, t, xst);
-            else
-                tc_rows<false>(acc, x, w, scales, zeros, rb * ROWS_PER_BLOCK, ks, g, t, xst);
-            if (!EARLY && rb + gridDim.x >= ROW_BLOCKS) I4_GRID_LAUNCH_DEPENDENTS();
-            tc_store(acc, y, rb * ROWS_PER_BLOCK, ks, 0, g, t, partial, cluster_part);
-            __syncthreads();  // the K-split sums' shared memory is the next row block's
-        }
-        return;
-    }
-    zero_acc();
+        for (int e = 0; e < MT; ++e) acc[tw][0][e] = acc[tw][1][e] = 0.0f;
     // EARLY: the next kernel may launch now (its blocks take SM room as this grid's leave), and
     // tc_rows waits for the previous grid after issuing its first weights, before any x.
     if constexpr (EARLY) I4_GRID_LAUNCH_DEPENDENTS();
