@@ -23,6 +23,7 @@ an H200. --time-budget stops after the shape that reaches it.
     python3 bench/validate_selection.py                  # the full set
     python3 bench/validate_selection.py --quick          # 3 shapes: a smoke test
     python3 bench/validate_selection.py --shapes 0,8192x3072/g32/asym
+    python3 bench/validate_selection.py --shapes 35840x5120/g128/asym/m8 --field xahead   # any shape; a field's A/B
     python3 bench/validate_selection.py --from-json bench/results/validate_selection-<date>.json
 
 Writes bench/results/validate_selection-<date>.json after every shape (every candidate's label
@@ -30,7 +31,12 @@ and µs: a run cut short keeps what it measured; --quick and --shapes write
 validate_selection-subset-<date>.json) and, for the full set, the "Selection on shapes outside
 the table" section of bench/RESULTS.md (not with --no-results-md). --from-json needs no GPU: it
 recomputes the picks from a saved run with the int4jit of this checkout (e.g. after changing the
-heuristic), prints the report and writes the section on the same terms."""
+heuristic), prints the report and writes the section on the same terms.
+
+--shapes also takes shapes outside the set (any key, several tokens too: .../m8), measured the
+same way; a run with any is a subset. --field NAME prints, per shape, the best candidate with the
+variant field NAME at its default against the best with it set otherwise (an A/B of a field over
+the whole grid, from the same times)."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +45,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,7 +55,7 @@ from common import RESULTS_DIR, RESULTS_MD, compile_all, copy_bandwidth, gpu_or_
 from int4jit import __version__, plan, tuner  # noqa: E402
 from int4jit.env import env_lookup  # noqa: E402
 from int4jit.shapes import GemvShape, candidate_grid  # noqa: E402
-from int4jit.spec import KernelSpec, default_variant, make_spec  # noqa: E402
+from int4jit.spec import KernelSpec, Variant, default_variant, make_spec  # noqa: E402
 
 SECTION = "Selection on shapes outside the table"
 TUNED_WITHIN = 1.10       # the tuned pick within 10% of the best candidate ...
@@ -172,6 +178,18 @@ def picks(shape: GemvShape, arch: str, kernel: str, pdl: bool, device, times: di
     return row
 
 
+def field_ab(times: dict, field: str) -> str:
+    """The best candidate with variant field `field` at its default against the best with it set
+    otherwise (a label names the fields that differ from the defaults: '128,4,streaming=1')."""
+    ran = {label: t for label, t in times.items() if t is not None}
+    is_set = lambda label: any(part.startswith(f"{field}=") for part in label.split(","))
+    sides = [{k: v for k, v in ran.items() if is_set(k) == side} for side in (False, True)]
+    if not all(sides):
+        return f"{field}: no candidate {'sets' if not sides[1] else 'leaves'} it"
+    (d, d_us), (o, o_us) = ((min(side, key=side.get), min(side.values())) for side in sides)
+    return f"{field} at its default: {d} {d_us:.2f} µs; set: {o} {o_us:.2f} µs ({o_us / d_us:.3f}x)"
+
+
 def within(r: float | None, bar: float) -> bool:
     return r is not None and r <= bar
 
@@ -228,6 +246,8 @@ def run_on_gpu(args, cases: list[Case], subset: bool) -> tuple[dict, Path]:
         print(f"{c.shape.key():24s} {len(times):3d} candidates in {row['measure_s']:5.1f} s: best {row['best']} "
               f"{fmt(row['best_us'], '.2f')} µs; tuned/best {fmt(row['tuned_vs_best'], '.3f')}, "
               f"heuristic/tuned {fmt(row['heuristic_vs_tuned'], '.3f')}", flush=True)
+        if args.field:
+            print(f"{'':24s} {field_ab(times, args.field)}", flush=True)
     if doc["not_measured"]:
         print(f"--time-budget {args.time_budget} s reached: not measured: {', '.join(doc['not_measured'])}")
         write_json(doc, json_path)
@@ -292,7 +312,8 @@ def report(doc: dict, json_path: Path, results_md: Path | None):
 
 
 def select_cases(text: str | None, quick: bool) -> list[Case]:
-    """--shapes (indices into VALIDATION or shape keys, comma-separated) or --quick; else all."""
+    """--shapes (indices into VALIDATION or shape keys, comma-separated; a key outside the set is
+    a case of its own) or --quick; else all."""
     by_key = {c.shape.key(): c for c in VALIDATION}
     if quick:
         return [by_key[k] for k in QUICK]
@@ -305,15 +326,18 @@ def select_cases(text: str | None, quick: bool) -> list[Case]:
         elif token in by_key:
             cases.append(by_key[token])
         else:
-            raise ValueError(f"--shapes: {token!r} is neither an index 0..{len(VALIDATION) - 1} nor a key of the "
-                             f"set ({', '.join(by_key)})")
+            try:
+                cases.append(Case("given", "--shapes", parse_key(token)))
+            except ValueError as e:
+                raise ValueError(f"--shapes: {token!r} is neither an index 0..{len(VALIDATION) - 1} nor a shape key "
+                                 f"such as 4608x3584/g128/asym or 35840x5120/g128/asym/m8 ({e})") from None
     return list(dict.fromkeys(cases))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", help="comma-separated subset of the set: indices (0-based, in the order of the "
-                                     "report) or keys such as 4608x3584/g128/asym")
+    ap.add_argument("--shapes", help="comma-separated: indices into the set (0-based, in the order of the "
+                                     "report) or shape keys such as 4608x3584/g128/asym (any shape)")
     ap.add_argument("--quick", action="store_true", help=f"3 shapes ({', '.join(QUICK)}): a smoke test")
     ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="compile processes (default: one a CPU)")
     ap.add_argument("--time-budget", type=float, metavar="SECONDS",
@@ -323,11 +347,17 @@ def main():
     ap.add_argument("--no-results-md", action="store_true", help=f"leave the '{SECTION}' section of "
                                                                  "bench/RESULTS.md alone")
     ap.add_argument("--from-json", metavar="PATH", help="no GPU: recompute the picks and the report from a saved run")
+    ap.add_argument("--field", metavar="NAME", choices=[f.name for f in fields(Variant)],
+                    help="per shape, the best candidate with this variant field at its default against the best "
+                         "with it set otherwise")
     args = ap.parse_args()
     check_disjoint(VALIDATION)
     if args.from_json:
         path = Path(args.from_json)
         doc = recompute(path)
+        if args.field:
+            for row in doc["rows"]:
+                print(f"{row['shape']:24s} {field_ab(row['candidates'], args.field)}")
     else:
         try:
             cases = select_cases(args.shapes, args.quick)
