@@ -389,8 +389,10 @@ class Int4Linear(nn.Module):
                 log.warning("int4jit: Int4Linear %dx%d falls back to dequantise + matmul: %s", self.out_features,
                             self.in_features, e)
                 path = "dense"
-        if path in ("dense", "float"):
-            self._say_fallback(x, tokens)
+        if path == "float":
+            self._say_fallback(f"{x.dtype} activations", x, tokens)
+        elif path == "dense" and tokens > MAX_TOKENS:  # (a missing kernel was warned above)
+            self._say_fallback("several tokens (prefill)", x, tokens, warn=False)
         y = _run(layer, path, x, tokens)
         if path in ("gemm", "dense"):
             self._remember(x, lambda x: _run(layer, path, x, tokens))
@@ -406,14 +408,14 @@ class Int4Linear(nn.Module):
     def _plus_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def _say_fallback(self, x: torch.Tensor, tokens: int) -> None:
-        """Said once per module: a call that dequantises + multiplies, and why (a GPU prefill only traced)."""
-        if self._warned:
+    def _say_fallback(self, why: str, x: torch.Tensor, tokens: int, warn: bool = True) -> None:
+        """A call that dequantises + multiplies, and why: warned once per module (float32/64
+        activations, the CPU); with warn=False (a GPU prefill, the designed path for long prompts)
+        only traced, leaving the warning for a later call that is a fallback."""
+        if warn and self._warned:
             return
-        self._warned = True
-        prefill = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)  # the designed path: traced only
-        why = "several tokens (prefill)" if prefill else f"{x.dtype} activations" if x.is_cuda else "the CPU"
-        (trace if prefill else log.warning)(
+        self._warned = self._warned or warn
+        (log.warning if warn else trace)(
             "int4jit: Int4Linear %dx%d runs dequantise + torch.matmul for %s (%d token%s, %s on %s)",
             self.out_features, self.in_features, why, tokens, "" if tokens == 1 else "s", x.dtype, x.device)
 
@@ -432,7 +434,7 @@ class Int4Linear(nn.Module):
         return W
 
     def _on_the_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        self._say_fallback(x, x.numel() // self.in_features)
+        self._say_fallback("the CPU", x, x.numel() // self.in_features)
         return self._plus_bias(torch.matmul(x, self._cpu_dense(x.dtype).t()))
 
 

@@ -318,6 +318,13 @@ def test_eager_gpu_call_takes_the_ops_paths_at_the_modules_limits(monkeypatch, c
     layer.ran.clear()
     y = q._on_the_gpu(torch.randn(3, 4096, dtype=torch.bfloat16))  # one launch's tokens, its kernel missing
     assert layer.ran == ["gemv", "dense"] and (torch.bfloat16, 3) in q._no_kernel and y.dtype == torch.bfloat16
+    # the prefills above were traced, not warned: the first float32 call is still warned, once
+    assert not [r for r in caplog.records if "runs dequantise" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="int4jit"):
+        for _ in range(2):
+            assert q._on_the_gpu(torch.randn(2, 4096, dtype=torch.float32)).dtype == torch.float32
+    warned = [r.getMessage() for r in caplog.records if "runs dequantise" in r.getMessage()]
+    assert len(warned) == 1 and "for torch.float32 activations (2 tokens" in warned[0]
     layer.ran.clear()
     y = q._on_the_gpu(torch.randn(3, 4096, dtype=torch.float32))  # float32: the weight in float16
     assert layer.ran == ["dense"] and y.dtype == torch.float32
