@@ -248,6 +248,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("perm", None if perm is None else as_t(perm).to(torch.int64))
         self.bias = None if bias is None else nn.Parameter(as_t(bias).detach().clone(), requires_grad=False)
         self.out_features, self.in_features = self.w.shape[0], 2 * self.w.shape[1]
+        if self.bias is not None and tuple(self.bias.shape) != (self.out_features,):  # (1,) would broadcast
+            raise ValueError(f"bias must have shape ({self.out_features},), one value an output row; "
+                             f"got {tuple(self.bias.shape)}")
         if self.w.device.type != "meta":  # the layout gemv takes, checked now rather than at the first call
             validate(torch.empty(self.in_features, dtype=torch.float16, device=self.w.device), self.w, self.scales,
                      self.zeros, None)
@@ -350,7 +353,7 @@ class Int4Linear(nn.Module):
             if prompt is not None:
                 y = prompt(x)
                 return y if self.bias is None else y.add_(self.bias)
-        if x.shape[-1] != self.in_features:
+        if not x.dim() or x.shape[-1] != self.in_features:
             raise ValueError(f"Int4Linear expects [..., {self.in_features}] inputs; got {tuple(x.shape)}")
         _check_input_dtype(x, "Int4Linear")
         if self.perm is not None:

@@ -640,12 +640,21 @@ def test_the_custom_ops_prepared_layers_live_as_long_as_their_weights(monkeypatc
     (dict(w=torch.zeros(64, 128, dtype=torch.int8)), r"w must be uint8"),
     (dict(zeros=torch.zeros(64, 4, dtype=torch.uint8)), r"zeros must be uint8 of the shape of scales"),
     (dict(zeros=torch.full((64, 2), 16, dtype=torch.uint8)), r"zeros must be zero points 0..15"),
+    (dict(bias=torch.ones(1)), r"bias must have shape \(64,\), one value an output row; got \(1,\)"),
+    (dict(bias=torch.ones(64, 1)), r"bias must have shape \(64,\)"),
 ])
 def test_a_layer_with_inconsistent_weights_is_refused_when_made(bad, pattern):
     """Int4Linear(w, scales, zeros) checks the layout gemv takes when it is made, naming the
     tensor, instead of failing at its first call."""
     args = dict(w=torch.zeros(64, 128, dtype=torch.uint8), scales=torch.ones(64, 2, dtype=torch.float16),
                 zeros=torch.zeros(64, 2, dtype=torch.uint8))
-    Int4Linear(**args)
+    Int4Linear(**args, bias=torch.ones(64))
     with pytest.raises((TypeError, ValueError), match=pattern):
         Int4Linear(**{**args, **bad})
+
+
+def test_a_scalar_input_is_refused_with_the_shape_expected():
+    q = Int4Linear(torch.zeros(64, 128, dtype=torch.uint8), torch.ones(64, 2, dtype=torch.float16))
+    assert q(torch.zeros(3, 256)).shape == (3, 64)
+    with pytest.raises(ValueError, match=r"expects \[\.\.\., 256\] inputs; got \(\)"):
+        q(torch.tensor(1.0))
