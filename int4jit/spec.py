@@ -173,8 +173,8 @@ def _next_pow2(n: int) -> int:
 TC_MIN_ROWS = 2048
 
 
-# Tokens the tc kernel serves in one launch: its D columns are the tokens (two mma column blocks of 8).
-TC_MAX_TOKENS = 16
+# Tokens the tc kernel serves in one launch: its D columns are the tokens (one mma column block).
+TC_MAX_TOKENS = 8
 
 
 def tc_possible(shape: GemvShape, tensor_cores: bool) -> bool:
@@ -357,8 +357,7 @@ def _tc_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, v: Variant, pdl: bo
         inflight_bytes=cfg.TN * unroll * 16, thread_bytes=cfg.TN * per_warp * 16,
         # Fitted to NVRTC's sm_90 builds of the grid (rms 13 registers, was 19); __launch_bounds__(BS)
         # caps a thread at 65536 / BS.
-        regs=min(40 + 4 * cfg.TN * unroll + 7 * tw * (2 if shape.M > 1 else 1) + 16 * v.xahead
-                 + 32 * (shape.M > 8) * (1 + v.xahead), 65536 // cfg.BS))
+        regs=min(40 + 4 * cfg.TN * unroll + 7 * tw * (2 if shape.M > 1 else 1) + 16 * v.xahead, 65536 // cfg.BS))
 
 
 def _tc_batch_spec(shape: GemvShape, arch: str, cfg: LaunchConfig, pdl: bool, loads: int = 4) -> KernelSpec:

@@ -99,11 +99,6 @@ TC = [
     case("sm_90", "tc", 100, 1024, 32, True, M=8, cfg=(64, 8), variant=Variant(kcluster=2), dtype="bfloat16"),
     case("sm_90", "tc", 70, 4096, 128, M=8, cfg=(256, 2), variant=Variant(streaming=True, kcluster=4, xahead=True)),
     case("sm_90", "tc", 70, 1024, 128, M=4, cfg=(32, 4), variant=Variant(kcluster=2)),   # one warp a block
-    # past 8 tokens: a second mma column block on the same A (tokens 8..15)
-    case("sm_90", "tc", 300, 2048, 128, M=16, cfg=(128, 4), variant=Variant(streaming=True, xahead=True)),
-    case("sm_90", "tc", 250, 160, 32, True, M=9, cfg=(64, 2), dtype="bfloat16"),          # SCALED, a partial step
-    case("sm_90", "tc", 130, 2048, 16, M=12, cfg=(256, 8), variant=Variant(kcluster=2, loads=8), scale_dtype="bfloat16"),
-    case("sm_80", "tc", 100, 1024, 256, M=13, cfg=(512, 2), dtype="bfloat16", scale_dtype="float16"),
 ]
 
 TC_BATCH = [
@@ -118,7 +113,7 @@ TC_BATCH = [
 AMD_GRID = [make_spec(GemvShape(300, 4096, 128, False), arch, "simt", cfg)
             for arch in ("gfx90a", "gfx1030") for cfg in candidate_grid(False)]
 
-# Every token count one launch serves (the tc kernel, 1..16), fp16 g128 and bf16 g32.
+# Every token count one launch serves (tc up to 8, tc_batch beyond), fp16 g128 and bf16 g32.
 TOKENS = [make_spec(GemvShape(200, 1024, g, False, M, dt, dt), "sm_90", spec_mod.choose_kernel(GemvShape(200, 1024, g, False, M), True),
                     LaunchConfig(128, 4))
           for M in range(1, 17) for g, dt in ((128, "float16"), (32, "bfloat16"))]
@@ -193,8 +188,6 @@ MUTATIONS = {  # one wrong line each, and a spec whose result depends on it
                     "for (int c = 0; c < 1; ++c) sum += cluster_part[c][m * ROWS_PER_BLOCK + i];",
                     make_spec(GemvShape(300, 2048, 32, False), "sm_90", "tc", LaunchConfig(128, 4), Variant(kcluster=2))),
     "mma column block": ("gemv_tc_batch.hip", "NT = (M + 7) / 8;", "NT = 1;", case("sm_90", "tc_batch", 300, 2048, 128, M=9, cfg=(128, 4))),
-    "tc column block": ("gemv_tc.hip", "const float v = d[e / MT][2 * h + e % MT];", "const float v = d[0][2 * h + e % MT];",
-                        case("sm_90", "tc", 300, 2048, 128, M=12, cfg=(128, 4))),
 }
 
 

@@ -1,6 +1,6 @@
 // INT4 weight-only GEMV on tensor cores (NVIDIA sm_80+, mma.sync m16n8k16 f16/bf16 -> f32).
 //   y[m,n] = sum_k x[m,k] * (q[n,k] - z[n,k/g]) * s[n,k/g]     exact products, fp32 sums
-// 1..16 tokens (M), x and y in fp16 or bf16 (BF16), scales in either (SCALE_BF16).
+// 1..8 tokens (M), x and y in fp16 or bf16 (BF16), scales in either (SCALE_BF16).
 // Layout (ONNX Runtime MatMulNBits): w uint8 [N, K/2], low nibble = even k; scales [N, K/g];
 // zeros uint8 [N, K/g] (absent when symmetric: zero point 8); x [M, K]; y [M, N]. K % 32 == 0.
 //
@@ -12,8 +12,7 @@
 // fp16 subtraction (or FMA by 1/16) each makes q - z exactly, and two mma steps multiply them
 // into fp32 with x (A = weights: rows g/g+8; B = x pairs). Products are exact, sums are fp32.
 // bf16 (7 mantissa bits) makes 128 + q from each nibble shifted down, and one bf16 FMA q - z.
-// Past 8 tokens a second mma per A takes tokens 8..15 (NT column blocks of 8): the weights are
-// dequantised once for all of them. Which B lanes carry x decides what D holds:
+// Which B lanes carry x decides what D holds:
 //   GROUP >= 128: every lane (lane group g: token g), so D column m sums the four chunks of the
 //                 step (one group) for token m -> scale once.
 //   GROUP <  128: only lane (g == t), so D column n holds chunk n alone (the diagonal trick)
@@ -87,16 +86,14 @@ constexpr u32 H2_ONES = 0x3C003C00u;               // fp16 1.0 in both halves
 constexpr int ZE = RAW_A && DIAG ? 2 : 1;          // zero points a lane folds per row and segment
 constexpr u32 MAGIC_128 = 0x43004300u;             // bf16 128.0 in both halves
 constexpr u32 BF2_ONES = 0x3F803F80u;              // bf16 1.0 in both halves
-constexpr int MT = M > 1 ? 2 : 1;                  // tokens a lane folds a column block (D columns 2t, 2t+1)
-constexpr int NT = (M + 7) / 8;                    // 8-token column blocks (mma N); token 8 nb + n in block nb
-constexpr int MTT = MT * NT;                       // sums a lane holds a row: token 8 (e / MT) + 2t + e % MT
+constexpr int MT = M > 1 ? 2 : 1;                  // tokens a lane folds (D columns 2t, 2t+1)
 constexpr int BLOCK_SUMS = M * ROWS_PER_BLOCK;     // a block's sums: token m, row i at m * ROWS_PER_BLOCK + i
 
 static_assert(K % 32 == 0, "the tensor-core kernel needs K % 32 == 0");
 static_assert(KC == 1 || __CUDA_ARCH__ >= 900, "a K split over the blocks of a cluster needs sm_90");
 static_assert(GROUP % 16 == 0, "a group holds whole 8-element half-words");
 static_assert(GROUP < 128 || K % 128 == 0, "GROUP >= 128 implies whole steps");
-static_assert(M >= 1 && M <= 16, "two mma column blocks: up to 16 tokens");
+static_assert(M >= 1 && M <= 8, "one mma column block: up to 8 tokens");
 static_assert(!RAW_A || M == 1, "raw_a is one token's");
 static_assert(!XAHEAD || M > 1, "xahead is several tokens' (one token reads x from shared memory or per step)");
 static_assert(!XSMEM || M == 1, "x staging is one token's");
@@ -148,12 +145,9 @@ __constant__ u32 TC_MASK[2] = {0x000F000Fu, 0x00F000F0u};
 // bf16: nibbles i and i + 4 of a word as the pair (128 + q_i, 128 + q_i+4), exact.
 __device__ __forceinline__ u32 bf16_nibble_pair(u32 q, int i) { return ((q >> (4 * i)) & TC_MASK[0]) | MAGIC_128; }
 
-// One 8-nibble word of rows g (qa) and g+8 (qb): A made once, against each column block's x
-// pairs xp[nb][j] = (x0,x4) (x1,x5) (x2,x6) (x3,x7) of word j. A pair i is nibbles i and i + 4.
-// (The order of the statements is the one-column-block builds' as measured: bf16 makes every A
-// first, fp16 each mma's.)
-__device__ __forceinline__ void tc_word(float (&d)[NT][4], u32 qa, u32 qb, u32 za_lo, u32 za_hi, u32 zb_lo, u32 zb_hi,
-                                        const u32 (&xp)[NT][4][4], int j, u32 sa2 = 0, u32 sb2 = 0) {
+// One 8-nibble word of rows g (qa) and g+8 (qb) against x pairs (x0,x4) (x1,x5) (x2,x6) (x3,x7).
+__device__ __forceinline__ void tc_word(float d[4], u32 qa, u32 qb, u32 za_lo, u32 za_hi, u32 zb_lo,
+                                        u32 zb_hi, u32 x04, u32 x15, u32 x26, u32 x37, u32 sa2 = 0, u32 sb2 = 0) {
     if constexpr (BF16) {
         // Nibble pair i (k_i, k_i+4) as (128 + q) - (128 + z), exact in bf16.
         u32 a[4], b[4];
@@ -162,23 +156,17 @@ __device__ __forceinline__ void tc_word(float (&d)[NT][4], u32 qa, u32 qb, u32 z
             a[i] = tc_scale(bf2_fma(bf16_nibble_pair(qa, i), BF2_ONES, za_lo), sa2);
             b[i] = tc_scale(bf2_fma(bf16_nibble_pair(qb, i), BF2_ONES, zb_lo), sb2);
         }
-#pragma unroll
-        for (int nb = 0; nb < NT; ++nb) {
-            mma_16816_bf16(d[nb], a[0], b[0], a[1], b[1], xp[nb][j][0], xp[nb][j][1]);
-            mma_16816_bf16(d[nb], a[2], b[2], a[3], b[3], xp[nb][j][2], xp[nb][j][3]);
-        }
+        mma_16816_bf16(d, a[0], b[0], a[1], b[1], x04, x15);
+        mma_16816_bf16(d, a[2], b[2], a[3], b[3], x26, x37);
         return;
     }
     const u32 qa2 = qa >> 8, qb2 = qb >> 8, lo = TC_MASK[0], hi = TC_MASK[1];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {  // nibble pairs 0, 1 (the word's low bytes), then 2, 3
-        const u32 qh = half ? qa2 : qa, qbh = half ? qb2 : qb;
-        const u32 a0 = tc_scale(h2_sub((qh & lo) | MAGIC_1024, za_lo), sa2), b0 = tc_scale(h2_sub((qbh & lo) | MAGIC_1024, zb_lo), sb2);
-        const u32 a1 = tc_scale(h2_fma((qh & hi) | MAGIC_1024, SIXTEENTH, za_hi), sa2);
-        const u32 b1 = tc_scale(h2_fma((qbh & hi) | MAGIC_1024, SIXTEENTH, zb_hi), sb2);
-#pragma unroll
-        for (int nb = 0; nb < NT; ++nb) mma_16816(d[nb], a0, b0, a1, b1, xp[nb][j][2 * half], xp[nb][j][2 * half + 1]);
-    }
+    mma_16816(d, tc_scale(h2_sub((qa & lo) | MAGIC_1024, za_lo), sa2), tc_scale(h2_sub((qb & lo) | MAGIC_1024, zb_lo), sb2),
+              tc_scale(h2_fma((qa & hi) | MAGIC_1024, SIXTEENTH, za_hi), sa2),
+              tc_scale(h2_fma((qb & hi) | MAGIC_1024, SIXTEENTH, zb_hi), sb2), x04, x15);
+    mma_16816(d, tc_scale(h2_sub((qa2 & lo) | MAGIC_1024, za_lo), sa2), tc_scale(h2_sub((qb2 & lo) | MAGIC_1024, zb_lo), sb2),
+              tc_scale(h2_fma((qa2 & hi) | MAGIC_1024, SIXTEENTH, za_hi), sa2),
+              tc_scale(h2_fma((qb2 & hi) | MAGIC_1024, SIXTEENTH, zb_hi), sb2), x26, x37);
 }
 
 // RAW_A: the same word with A = (1024 + q) on even k and (64 + q) on odd k, one LOP3 per pair
@@ -229,49 +217,40 @@ __device__ __forceinline__ u32x4 tc_pair_x(u32x4 v) {
     return u32x4{prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632), prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632)};
 }
 
-// x of this lane's chunk c of a step (with several tokens token g's, and 8 + g's in the second
-// column block; lanes past the last token read it again, and their D columns are never stored),
-// as loaded: four 16-byte words a column block.
-__device__ __forceinline__ void tc_x_load(u32x4 (&v)[NT][4], const u16* I4_RESTRICT x, const u32x4* xs, int c, int g) {
+// x of this lane's chunk c of a step (token g's with several tokens; lanes past the last token
+// read it again, and their D columns are never stored), as loaded: four 16-byte words.
+__device__ __forceinline__ void tc_x_load(u32x4 (&v)[4], const u16* I4_RESTRICT x, const u32x4* xs, int c, int g) {
+    if constexpr (M > 1) x += (long long)min(g, M - 1) * K;
 #pragma unroll
-    for (int nb = 0; nb < NT; ++nb) {
-        const u16* xt = M > 1 ? x + (long long)min(8 * nb + g, M - 1) * K : x;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            v[nb][j] = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_x16<false>(xt + 32 * min(c, CHUNKS - 1) + 8 * j);
-    }
+    for (int j = 0; j < 4; ++j) v[j] = XSMEM ? xs[4 * min(c, CHUNKS - 1) + j] : load_x16<false>(x + 32 * min(c, CHUNKS - 1) + 8 * j);
 }
 
 // Chunk c's x (from tc_x_load) paired as the nibble words are: (x0,x4) (x1,x5) (x2,x6) (x3,x7),
 // unmasked. Returns the mask tc_mask_pairs applies before x becomes B: all ones, or zero where
 // the lane supplies no B values (diagonal) or has no chunk (partial step, SCALED).
-__device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[NT][4][4], const u32x4 (&v)[NT][4], int c, int g, int t) {
+__device__ __forceinline__ u32 tc_x_pairs(u32 (&xp)[4][4], const u32x4 (&v)[4], int c, int g, int t) {
     const u32 keep = DIAG ? (c < CHUNKS && g == t ? 0xFFFFFFFFu : 0u) : !SCALED || c < CHUNKS ? 0xFFFFFFFFu : 0u;
 #pragma unroll
-    for (int nb = 0; nb < NT; ++nb)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32x4 p = XPERM ? v[nb][j] : tc_pair_x(v[nb][j]);
-            xp[nb][j][0] = p.x; xp[nb][j][1] = p.y; xp[nb][j][2] = p.z; xp[nb][j][3] = p.w;
-        }
+    for (int j = 0; j < 4; ++j) {
+        const u32x4 p = XPERM ? v[j] : tc_pair_x(v[j]);
+        xp[j][0] = p.x; xp[j][1] = p.y; xp[j][2] = p.z; xp[j][3] = p.w;
+    }
     return keep;
 }
 
-__device__ __forceinline__ void tc_mask_pairs(u32 (&xp)[NT][4][4], u32 keep) {
+__device__ __forceinline__ void tc_mask_pairs(u32 (&xp)[4][4], u32 keep) {
     if constexpr (DIAG || SCALED) {
 #pragma unroll
-        for (int nb = 0; nb < NT; ++nb)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) xp[nb][j][i] &= keep;
+            for (int i = 0; i < 4; ++i) xp[j][i] &= keep;
     }
 }
 
 // One step of one 16-row tile: rows g and g+8, two mma steps per word pair, D scaled per group
 // into acc[row g, g+8][token 2t, 2t+1 (several tokens) or the one token].
-__device__ __forceinline__ void tc_tile(float (&acc)[2][MTT], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
-                                        const u8 (&zp)[2][ZE][SEGS], const u32 (&xp)[NT][4][4], const float (&cs)[SEGS][4]) {
+__device__ __forceinline__ void tc_tile(float (&acc)[2][MT], const u32 (&wq)[2][4], const u16 (&sc)[2][DIAG ? 2 : 1][SEGS],
+                                        const u8 (&zp)[2][ZE][SEGS], const u32 (&xp)[4][4], const float (&cs)[SEGS][4]) {
     if constexpr (RAW_A) {
 #pragma unroll
         for (int seg = 0; seg < SEGS; ++seg) {
@@ -279,7 +258,7 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2][MTT], const u32 (&wq)[2]
 #pragma unroll
             for (int jj = 0; jj < SEG_WORDS; ++jj) {
                 const int j = seg * SEG_WORDS + jj;
-                tc_word_raw(d, wq[0][j], wq[1][j], xp[0][j][0], xp[0][j][1], xp[0][j][2], xp[0][j][3]);
+                tc_word_raw(d, wq[0][j], wq[1][j], xp[j][0], xp[j][1], xp[j][2], xp[j][3]);
             }
             // D - C - z S per D column; columns 2t, 2t+1 on the diagonal, else column 2t only.
 #pragma unroll
@@ -297,26 +276,27 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2][MTT], const u32 (&wq)[2]
         u32 za_lo, za_hi, zb_lo, zb_hi;
         tc_zero_words(SYMMETRIC ? 8u : (u32)zp[0][0][seg], za_lo, za_hi);
         tc_zero_words(SYMMETRIC ? 8u : (u32)zp[1][0][seg], zb_lo, zb_hi);
-        float d[NT][4];
-#pragma unroll
-        for (int nb = 0; nb < NT; ++nb) d[nb][0] = d[nb][1] = d[nb][2] = d[nb][3] = 0.0f;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const u32 sa2 = SCALED ? scale_pair(sc[0][0][seg]) : 0u, sb2 = SCALED ? scale_pair(sc[1][0][seg]) : 0u;
 #pragma unroll
-        for (int jj = 0; jj < SEG_WORDS; ++jj)
-            tc_word(d, wq[0][seg * SEG_WORDS + jj], wq[1][seg * SEG_WORDS + jj], za_lo, za_hi, zb_lo, zb_hi, xp,
-                    seg * SEG_WORDS + jj, sa2, sb2);
-        // d[nb] = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1] of column block nb
-        if constexpr (DIAG) {
-            acc[0][0] += d[0][0] * scale_f(sc[0][0][seg]) + d[0][1] * scale_f(sc[0][1][seg]);
-            acc[1][0] += d[0][2] * scale_f(sc[1][0][seg]) + d[0][3] * scale_f(sc[1][1][seg]);
+        for (int jj = 0; jj < SEG_WORDS; ++jj) {
+            const int j = seg * SEG_WORDS + jj;
+            tc_word(d, wq[0][j], wq[1][j], za_lo, za_hi, zb_lo, zb_hi, xp[j][0], xp[j][1], xp[j][2], xp[j][3], sa2, sb2);
+        }
+        // d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
+        if constexpr (SCALED) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < MT; ++e) acc[h][e] += d[2 * h + e];
+        } else if constexpr (DIAG) {
+            acc[0][0] += d[0] * scale_f(sc[0][0][seg]) + d[1] * scale_f(sc[0][1][seg]);
+            acc[1][0] += d[2] * scale_f(sc[1][0][seg]) + d[3] * scale_f(sc[1][1][seg]);
         } else {
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
-                for (int e = 0; e < MTT; ++e) {
-                    const float v = d[e / MT][2 * h + e % MT];
-                    acc[h][e] += SCALED ? v : v * scale_f(sc[h][0][0]);
-                }
+                for (int e = 0; e < MT; ++e) acc[h][e] += d[2 * h + e] * scale_f(sc[h][0][0]);
         }
     }
 }
@@ -329,7 +309,7 @@ __device__ __forceinline__ void tc_tile(float (&acc)[2][MTT], const u32 (&wq)[2]
 // warp's loads stay in flight while it computes (same registers); else a batch's loads are all
 // issued, then all used. XSMEM: x staged in shared memory while the first batch is in flight.
 template <bool TAIL>
-__device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MTT], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
+__device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MT], const u16* I4_RESTRICT x, const u8* I4_RESTRICT w,
                                         const u16* I4_RESTRICT scales, const u8* I4_RESTRICT zeros,
                                         long long row0, int ks, int g, int t, u32x4* xs) {
     long long rows[TW][2];
@@ -447,7 +427,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MTT], const u16* I4_
             __syncthreads();
         }
     }
-    u32x4 xnext[NT][4];  // XAHEAD only
+    u32x4 xnext[4];  // XAHEAD only
     if constexpr (XAHEAD) tc_x_load(xnext, x, xs, 4 * s_begin + t, g);
     for (int s0 = s_begin; s0 < s_end; s0 += BATCH) {
         if constexpr (!STREAMING) {
@@ -466,21 +446,19 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MTT], const u16* I4_
         for (int u = 0; u < UNROLL; ++u) {
             const int step = s0 + u * STEP_STRIDE;
             if (step >= s_end) break;
-            u32x4 xv[NT][4];
+            u32x4 xv[4];
             if constexpr (XAHEAD) {
                 // This step's x came a step ahead; the warp's next step's goes out now.
 #pragma unroll
-                for (int nb = 0; nb < NT; ++nb)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) xv[nb][j] = xnext[nb][j];
+                for (int j = 0; j < 4; ++j) xv[j] = xnext[j];
                 tc_x_load(xnext, x, xs, 4 * (step + STEP_STRIDE) + t, g);
             } else {
                 tc_x_load(xv, x, xs, 4 * step + t, g);
             }
-            u32 xp[NT][4][4];
+            u32 xp[4][4];
             const u32 keep = tc_x_pairs(xp, xv, 4 * step + t, g, t);
             float cs[SEGS][4];
-            if constexpr (RAW_A) tc_offsets(cs, xp[0], keep);
+            if constexpr (RAW_A) tc_offsets(cs, xp, keep);
             tc_mask_pairs(xp, keep);
 #pragma unroll
             for (int tw = 0; tw < TW; ++tw) {
@@ -500,7 +478,7 @@ __device__ __forceinline__ void tc_rows(float (&acc)[TW][2][MTT], const u16* I4_
 // sums into `cluster_part` of block 0 (distributed shared memory; row rank, token m's row i at
 // m * ROWS_PER_BLOCK + i), which adds them after the cluster barrier and stores y. With several
 // tokens lane (g, t) holds tokens 2t and 2t + 1.
-__device__ __forceinline__ void tc_store(float (&acc)[TW][2][MTT], u16* I4_RESTRICT y, long long row0, int ks, int rank,
+__device__ __forceinline__ void tc_store(float (&acc)[TW][2][MT], u16* I4_RESTRICT y, long long row0, int ks, int rank,
                                          int g, int t, float (*partial)[ROWS_PER_BLOCK],
                                          float (*cluster_part)[BLOCK_SUMS]) {
     // On the diagonal, lanes t = 0, 1 hold two chunks' sums each and t = 2, 3 hold zeros.
@@ -517,8 +495,8 @@ __device__ __forceinline__ void tc_store(float (&acc)[TW][2][MTT], u16* I4_RESTR
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
-                for (int e = 0; e < MTT; ++e) {
-                    const int m = M > 1 ? 8 * (e / MT) + 2 * t + e % MT : 0;
+                for (int e = 0; e < MT; ++e) {
+                    const int m = M > 1 ? 2 * t + e : 0;
                     if (M > 1 ? m < M : t == 0) f(m, 16 * tw + 8 * h + g, acc[tw][h][e]);
                 }
     };
@@ -598,11 +576,11 @@ ${KERNEL_NAME}(const u16* I4_RESTRICT x, const u8* I4_RESTRICT w, const u16* I4_
     __shared__ float cluster_sums[KC > 1 ? KC * BLOCK_SUMS : 1];
     float (*cluster_part)[BLOCK_SUMS] = KC > 1 ? (float (*)[BLOCK_SUMS])cluster_sums : nullptr;
     if constexpr (KC > 1) cluster_arrive_relaxed();  // this block has started (tc_store waits for all)
-    float acc[TW][2][MTT];
+    float acc[TW][2][MT];
 #pragma unroll
     for (int tw = 0; tw < TW; ++tw)
 #pragma unroll
-        for (int e = 0; e < MTT; ++e) acc[tw][0][e] = acc[tw][1][e] = 0.0f;
+        for (int e = 0; e < MT; ++e) acc[tw][0][e] = acc[tw][1][e] = 0.0f;
     // EARLY: the next kernel may launch now (its blocks take SM room as this grid's leave), and
     // tc_rows waits for the previous grid after issuing its first weights, before any x.
     if constexpr (EARLY) I4_GRID_LAUNCH_DEPENDENTS();
